@@ -1,0 +1,1 @@
+//! GPUs and assignment.

@@ -1,0 +1,82 @@
+//! The pure core of gpuplex: everything gpuplex decides, and nothing it does.
+//!
+//! - [`request`]: a vGPU request parsed and validated from `gpuplex.io/*` annotations.
+//! - [`inventory`]: the GPUs of a node, the memory bound on each, and GPU assignment.
+//! - [`windows`]: the execution-window scheduler: who runs on each GPU, who is frozen, and when
+//!   the next decision is due.
+//! - [`accounting`]: GPU time, waits and windows per vGPU; busy time and switches per GPU.
+//! - [`config`]: the `[scheduler]` section of `gpuplex.toml`.
+//! - [`sim`]: a deterministic simulator that drives the scheduler through a scenario.
+//!
+//! The crate does no I/O, starts no thread and reads no clock: time is an [`Instant`] passed in,
+//! state is a value the caller owns. The node service, the hook and the shim only call it.
+
+#![deny(missing_docs)]
+
+pub mod accounting;
+pub mod config;
+pub mod inventory;
+pub mod quantity;
+pub mod request;
+pub mod sim;
+pub mod time;
+pub mod windows;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use time::Instant;
+
+/// The identity of one vGPU: what is assigned GPUs, bound to a container and scheduled.
+///
+/// Written `vgpu-<n>` (the `gpuplex.io/vgpu-id` annotation); the node service allocates the
+/// numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VgpuId(pub u64);
+
+impl fmt::Display for VgpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "vgpu-{}", self.0)
+    }
+}
+
+/// A string that is not a vGPU id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a vGPU id: expected `vgpu-` followed by a number, like `vgpu-7`")]
+pub struct VgpuIdError(pub String);
+
+impl FromStr for VgpuId {
+    type Err = VgpuIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.strip_prefix("vgpu-")
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse().ok())
+            .map(VgpuId)
+            .ok_or_else(|| VgpuIdError(s.to_string()))
+    }
+}
+
+/// The host index of a physical GPU (NVML's index, or the `[[fake_gpu]]` entry's position).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GpuIndex(pub u32);
+
+impl fmt::Display for GpuIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vgpu_id_round_trips() {
+        let id = VgpuId(42);
+        assert_eq!(id.to_string(), "vgpu-42");
+        assert_eq!("vgpu-42".parse(), Ok(id));
+        for bad in ["", "vgpu-", "vgpu-x", "42", "vgpu--1", "vgpu-+1", "vgpu-99999999999999999999"] {
+            assert!(bad.parse::<VgpuId>().is_err(), "{bad}");
+        }
+    }
+}
