@@ -60,3 +60,58 @@ impl Default for VgpuRequest {
         }
     }
 }
+
+impl VgpuRequest {
+    /// Whether a GPU of this model satisfies the request. An alternative matches when its words
+    /// (split on spaces, `-` and `_`, case ignored) appear in order among the model name's words:
+    /// `A100` and `a100 80gb` match `NVIDIA A100-SXM4-80GB`; `A100` does not match
+    /// `NVIDIA RTX A1000`. No alternatives: every model matches.
+    pub fn accepts_model(&self, model: &str) -> bool {
+        if self.models.is_empty() {
+            return true;
+        }
+        let have = words(model);
+        self.models.iter().any(|alternative| {
+            let want = words(alternative);
+            let mut have = have.iter();
+            !want.is_empty() && want.iter().all(|w| have.any(|h| h == w))
+        })
+    }
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split([' ', '-', '_'])
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+
+    fn wants(models: &[&str]) -> VgpuRequest {
+        VgpuRequest {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..VgpuRequest::default()
+        }
+    }
+
+    #[test]
+    fn model_alternatives_match_by_words_in_order() {
+        let cases: &[(&[&str], &str, bool)] = &[
+            (&[], "anything", true),
+            (&["A100"], "NVIDIA A100-SXM4-80GB", true),
+            (&["a100 80gb"], "NVIDIA A100-SXM4-80GB", true),
+            (&["80GB A100"], "NVIDIA A100-SXM4-80GB", false),
+            (&["A100"], "NVIDIA RTX A1000", false),
+            (&["H100", "A100"], "NVIDIA A100-PCIE-40GB", true),
+            (&["H100", "L4"], "NVIDIA A100-PCIE-40GB", false),
+            (&["NVIDIA H200"], "NVIDIA H200", true),
+            (&["fake-gpu"], "Fake GPU", true),
+        ];
+        for (models, model, expected) in cases {
+            assert_eq!(wants(models).accepts_model(model), *expected, "{models:?} vs {model}");
+        }
+    }
+}
