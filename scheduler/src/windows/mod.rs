@@ -1,0 +1,724 @@
+//! The execution-window scheduler: on each GPU, who runs and who waits.
+//!
+//! The rules are DESIGN.md's; how they are met:
+//!
+//! - **Work.** A vGPU has work from a sample that showed work until `idle_grace` passes without
+//!   one. A frozen vGPU cannot show work, so its samples are ignored: it keeps its work (it is
+//!   waiting) until it runs again. When it is thawed, its grace starts over.
+//! - **Windows.** On each GPU, among the `normal` vGPUs with work (or the `low` ones when no
+//!   `normal` one has work) at most one holds the window and runs; the others are frozen. A window
+//!   lasts `slice × weight`, and ends early when its holder has no work, is unbound, or is
+//!   preempted (a `high` vGPU gets work on one of its GPUs; for a `low` holder, a `normal` vGPU
+//!   gets work). A vGPU with work alone on all of its GPUs is always granted at once.
+//! - **Who is next.** The vGPU with the least *virtual time*: GPU time received divided by
+//!   weight. A vGPU that gets work is lifted to the least virtual time of those already waiting on
+//!   its GPUs (the GPU's floor), so time spent idle is not banked against the others; shares of
+//!   continuously busy vGPUs converge to their weights. Ties go to the one queued first.
+//! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next on one of
+//!   them, it reserves all of them: no new window starts on a reserved GPU until it has them all,
+//!   so it waits at most for the longest window in progress on its GPUs.
+//! - **Priorities.** `high` vGPUs are never frozen and hold no window; while one has work, every
+//!   other vGPU with work on its GPUs is frozen.
+//!
+//! Every public method takes `now`; the caller passes a non-decreasing clock (an earlier `now`
+//! is read as the latest one seen). Nothing here panics on any sequence of calls.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use crate::accounting::{GpuStats, VgpuStats};
+use crate::config::SchedulerConfig;
+use crate::request::Priority;
+use crate::{GpuIndex, Instant, VgpuId};
+
+/// What the scheduler needs to know of a vGPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// Its assigned GPUs (at least one, no duplicates).
+    pub gpus: Vec<GpuIndex>,
+    /// Share weight, 1..=100.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: Priority,
+}
+
+/// An order to the enforcer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Freeze this vGPU's container.
+    Freeze(VgpuId),
+    /// Thaw it.
+    Thaw(VgpuId),
+}
+
+/// The result of [`WindowScheduler::decide`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Freeze and thaw orders, to carry out now.
+    pub actions: Vec<Action>,
+    /// When to call `decide` again at the latest, even with no new observation; `None`: only when
+    /// something changes (an observation, a bind or an unbind).
+    pub next_due: Option<Instant>,
+}
+
+/// Why a vGPU could not be bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    /// The id is bound already.
+    #[error("{0} is already bound")]
+    AlreadyBound(VgpuId),
+    /// A GPU the scheduler does not know.
+    #[error("GPU {0} is not one of this node's GPUs")]
+    UnknownGpu(GpuIndex),
+    /// No GPU, or one listed twice.
+    #[error("a vGPU needs one or more distinct GPUs, got {0:?}")]
+    BadGpuList(Vec<GpuIndex>),
+    /// Weight out of range.
+    #[error("weight {0} is outside 1..=100")]
+    BadWeight(u32),
+}
+
+/// Whether a vGPU's container is running or frozen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Not frozen.
+    Running,
+    /// Frozen, waiting for a window.
+    Frozen,
+}
+
+/// A read-only view of one vGPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VgpuView {
+    /// Its binding.
+    pub binding: Binding,
+    /// Running or frozen.
+    pub state: RunState,
+    /// Whether the scheduler counts it as having GPU work now.
+    pub has_work: bool,
+    /// The end of the window it holds, if it holds one.
+    pub window_end: Option<Instant>,
+    /// Since when it has been waiting, if it is frozen.
+    pub waiting_since: Option<Instant>,
+    /// What it received and waited so far.
+    pub stats: VgpuStats,
+}
+
+/// A read-only view of one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuView {
+    /// The vGPU holding its window (`normal` or `low`), if any.
+    pub holder: Option<VgpuId>,
+    /// The multi-GPU vGPU it is kept for, if any.
+    pub reserved_for: Option<VgpuId>,
+    /// Bound vGPUs.
+    pub bound: Vec<VgpuId>,
+    /// What it did so far.
+    pub stats: GpuStats,
+}
+
+/// Virtual time is GPU nanoseconds × `VIRTUAL_SCALE` / weight, in integers, so that ordering is
+/// exact and reproducible.
+const VIRTUAL_SCALE: u128 = 1 << 20;
+
+/// The per-node execution-window scheduler.
+#[derive(Clone, Debug)]
+pub struct WindowScheduler {
+    slice: Duration,
+    idle_grace: Duration,
+    /// Sorted by index.
+    gpus: Vec<GpuState>,
+    vgpus: HashMap<VgpuId, VgpuState, BuildVgpuHasher>,
+    /// The instant accounting has reached.
+    clock: Instant,
+    /// Source of queue positions (ties in virtual time go to the smaller).
+    queue_seq: u64,
+    /// Scratch space for candidate ranking, kept to avoid allocating per decision.
+    candidates: Vec<(u128, u64, VgpuId)>,
+}
+
+#[derive(Clone, Debug)]
+struct GpuState {
+    index: GpuIndex,
+    bound: Vec<VgpuId>,
+    /// The bound vGPUs that have work (any priority), frozen ones included.
+    with_work: Vec<VgpuId>,
+    holder: Option<VgpuId>,
+    last_holder: Option<VgpuId>,
+    reserved_for: Option<VgpuId>,
+    /// Set during `decide`: a `high` vGPU here has work.
+    high_busy: bool,
+    /// Lower bound of the virtual time of the `normal` and the `low` vGPUs with work here.
+    floor: [u128; 2],
+    stats: GpuStats,
+}
+
+#[derive(Clone, Debug)]
+struct VgpuState {
+    binding: Binding,
+    /// Positions of its GPUs in `WindowScheduler::gpus`.
+    positions: Vec<usize>,
+    frozen: bool,
+    has_work: bool,
+    last_work: Instant,
+    window_end: Option<Instant>,
+    /// When its last window ended (a window granted again at that instant is an extension).
+    window_ended_at: Option<Instant>,
+    queued: u64,
+    waiting_since: Option<Instant>,
+    virtual_time: u128,
+    stats: VgpuStats,
+}
+
+impl VgpuState {
+    fn class(&self) -> usize {
+        match self.binding.priority {
+            Priority::Low => 1,
+            _ => 0,
+        }
+    }
+}
+
+impl WindowScheduler {
+    /// A scheduler for these GPUs with `config`'s `slice` and `idle_grace`.
+    pub fn new(gpus: impl IntoIterator<Item = GpuIndex>, config: &SchedulerConfig) -> Self {
+        let mut indexes: Vec<GpuIndex> = gpus.into_iter().collect();
+        indexes.sort();
+        indexes.dedup();
+        WindowScheduler {
+            slice: config.slice,
+            idle_grace: config.idle_grace,
+            gpus: indexes
+                .into_iter()
+                .map(|index| GpuState {
+                    index,
+                    bound: Vec::new(),
+                    with_work: Vec::new(),
+                    holder: None,
+                    last_holder: None,
+                    reserved_for: None,
+                    high_busy: false,
+                    floor: [0; 2],
+                    stats: GpuStats::default(),
+                })
+                .collect(),
+            vgpus: HashMap::default(),
+            clock: Instant::ZERO,
+            queue_seq: 0,
+            candidates: Vec::new(),
+        }
+    }
+
+    /// Binds a vGPU. It starts running, with no work.
+    pub fn bind(&mut self, vgpu: VgpuId, binding: Binding, now: Instant) -> Result<(), BindError> {
+        let now = self.advance(now);
+        if self.vgpus.contains_key(&vgpu) {
+            return Err(BindError::AlreadyBound(vgpu));
+        }
+        if !(1..=100).contains(&binding.weight) {
+            return Err(BindError::BadWeight(binding.weight));
+        }
+        let mut sorted = binding.gpus.clone();
+        sorted.sort();
+        sorted.dedup();
+        if sorted.is_empty() || sorted.len() != binding.gpus.len() {
+            return Err(BindError::BadGpuList(binding.gpus));
+        }
+        let positions = sorted
+            .iter()
+            .map(|&g| self.position(g).ok_or(BindError::UnknownGpu(g)))
+            .collect::<Result<Vec<_>, _>>()?;
+        for &p in &positions {
+            self.gpus[p].bound.push(vgpu);
+        }
+        self.vgpus.insert(
+            vgpu,
+            VgpuState {
+                binding,
+                positions,
+                frozen: false,
+                has_work: false,
+                last_work: now,
+                window_end: None,
+                window_ended_at: None,
+                queued: 0,
+                waiting_since: None,
+                virtual_time: 0,
+                stats: VgpuStats::default(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Unbinds a vGPU; returns `Some(Action::Thaw)` when it was frozen and still needs thawing.
+    /// Its window, if it held one, ends; the next `decide` passes it on.
+    pub fn unbind(&mut self, vgpu: VgpuId, now: Instant) -> Option<Action> {
+        let now = self.advance(now);
+        let mut state = self.vgpus.remove(&vgpu)?;
+        for &p in &state.positions {
+            let gpu = &mut self.gpus[p];
+            gpu.bound.retain(|&v| v != vgpu);
+            gpu.with_work.retain(|&v| v != vgpu);
+            if gpu.holder == Some(vgpu) {
+                gpu.holder = None;
+            }
+            if gpu.reserved_for == Some(vgpu) {
+                gpu.reserved_for = None;
+            }
+        }
+        if state.frozen {
+            end_wait(&mut state, now);
+            Some(Action::Thaw(vgpu))
+        } else {
+            None
+        }
+    }
+
+    /// Records an activity sample: whether `vgpu` showed GPU work since its previous sample.
+    /// Samples of a frozen vGPU are ignored (it cannot work while frozen; it still waits).
+    /// Returns false for an unknown vGPU.
+    pub fn observe(&mut self, vgpu: VgpuId, has_work: bool, now: Instant) -> bool {
+        let now = self.advance(now);
+        let Some(state) = self.vgpus.get_mut(&vgpu) else {
+            return false;
+        };
+        if state.frozen || !has_work {
+            return true;
+        }
+        state.last_work = now;
+        if !state.has_work {
+            self.start_work(vgpu);
+        }
+        true
+    }
+
+    /// Decides who runs now: the freeze and thaw orders to carry out, and when to decide again.
+    pub fn decide(&mut self, now: Instant) -> Decision {
+        let now = self.advance(now);
+        self.expire_work(now);
+        for gpu in &mut self.gpus {
+            gpu.high_busy = gpu
+                .with_work
+                .iter()
+                .any(|v| self.vgpus[v].binding.priority == Priority::High);
+        }
+        self.end_windows(now);
+        self.drop_stale_reservations();
+        self.grant_windows(now);
+        let actions = self.enforce(now);
+        Decision {
+            actions,
+            next_due: self.next_due(),
+        }
+    }
+
+    /// Whether any vGPU bound to `gpu` has work now (assignment prefers GPUs where none has).
+    pub fn gpu_has_work(&self, gpu: GpuIndex) -> bool {
+        self.position(gpu)
+            .is_some_and(|p| !self.gpus[p].with_work.is_empty())
+    }
+
+    /// A view of one vGPU.
+    pub fn vgpu(&self, vgpu: VgpuId) -> Option<VgpuView> {
+        let state = self.vgpus.get(&vgpu)?;
+        Some(VgpuView {
+            binding: state.binding.clone(),
+            state: if state.frozen {
+                RunState::Frozen
+            } else {
+                RunState::Running
+            },
+            has_work: state.has_work,
+            window_end: state.window_end,
+            waiting_since: state.waiting_since,
+            stats: state.stats.clone(),
+        })
+    }
+
+    /// A view of one GPU.
+    pub fn gpu(&self, gpu: GpuIndex) -> Option<GpuView> {
+        let state = &self.gpus[self.position(gpu)?];
+        Some(GpuView {
+            holder: state.holder,
+            reserved_for: state.reserved_for,
+            bound: state.bound.clone(),
+            stats: state.stats.clone(),
+        })
+    }
+
+    /// The bound vGPUs, in no particular order.
+    pub fn vgpus(&self) -> impl Iterator<Item = VgpuId> + '_ {
+        self.vgpus.keys().copied()
+    }
+
+    /// The vGPUs frozen now (what a shutdown must thaw).
+    pub fn frozen(&self) -> impl Iterator<Item = VgpuId> + '_ {
+        self.vgpus
+            .iter()
+            .filter(|(_, s)| s.frozen)
+            .map(|(&id, _)| id)
+    }
+
+    fn position(&self, gpu: GpuIndex) -> Option<usize> {
+        self.gpus.binary_search_by_key(&gpu, |g| g.index).ok()
+    }
+
+    fn next_queue_position(&mut self) -> u64 {
+        self.queue_seq += 1;
+        self.queue_seq
+    }
+
+    /// Moves the accounting clock to `now` (never backwards) and returns it: GPU time goes to
+    /// the running vGPUs with work, split evenly among those sharing a GPU.
+    fn advance(&mut self, now: Instant) -> Instant {
+        if now <= self.clock {
+            return self.clock;
+        }
+        let start = self.clock;
+        let grace = self.idle_grace;
+        for gpu in &mut self.gpus {
+            let running = gpu
+                .with_work
+                .iter()
+                .filter(|v| !self.vgpus[v].frozen)
+                .count() as u32;
+            if running == 0 {
+                continue;
+            }
+            let mut busy_until = start;
+            for v in &gpu.with_work {
+                let state = self.vgpus.get_mut(v).expect("with_work holds bound vGPUs");
+                if state.frozen {
+                    continue;
+                }
+                // Work lapses `idle_grace` after the last sample that showed it.
+                let end = now.min(state.last_work + grace);
+                let span = end.saturating_since(start) / running;
+                busy_until = busy_until.max(end);
+                state.stats.gpu_time += span;
+                let weight = u128::from(state.binding.weight) * state.positions.len() as u128;
+                state.virtual_time += span.as_nanos() * VIRTUAL_SCALE / weight;
+            }
+            gpu.stats.busy_time += busy_until.saturating_since(start);
+        }
+        self.clock = now;
+        now
+    }
+
+    /// A vGPU starts having work: lift it to its GPUs' floor and queue it.
+    fn start_work(&mut self, vgpu: VgpuId) {
+        let queued = self.next_queue_position();
+        let state = &self.vgpus[&vgpu];
+        let class = state.class();
+        let mut floor = state.virtual_time;
+        let high = state.binding.priority == Priority::High;
+        for &p in state.positions.iter().filter(|_| !high) {
+            let gpu = &self.gpus[p];
+            let least_waiting = gpu
+                .with_work
+                .iter()
+                .map(|v| &self.vgpus[v])
+                .filter(|s| s.class() == class && s.binding.priority != Priority::High)
+                .map(|s| s.virtual_time)
+                .min()
+                .unwrap_or(0);
+            floor = floor.max(gpu.floor[class]).max(least_waiting);
+        }
+        let positions = state.positions.clone();
+        let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
+        state.has_work = true;
+        state.virtual_time = floor;
+        state.queued = queued;
+        for p in positions {
+            let gpu = &mut self.gpus[p];
+            if !high {
+                gpu.floor[class] = gpu.floor[class].max(floor);
+            }
+            gpu.with_work.push(vgpu);
+        }
+    }
+
+    /// Running vGPUs whose last work is `idle_grace` old have none any more.
+    fn expire_work(&mut self, now: Instant) {
+        for p in 0..self.gpus.len() {
+            let mut i = 0;
+            while i < self.gpus[p].with_work.len() {
+                let v = self.gpus[p].with_work[i];
+                let state = &self.vgpus[&v];
+                if !state.frozen && now >= state.last_work + self.idle_grace {
+                    self.stop_work(v);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// A vGPU stops having work. The GPU's floor keeps up with those still working, or with
+    /// the one leaving when it was the last, so that a vGPU idle meanwhile banks no time.
+    fn stop_work(&mut self, vgpu: VgpuId) {
+        let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
+        state.has_work = false;
+        let class = state.class();
+        let own = state.virtual_time;
+        let positions = state.positions.clone();
+        let high = state.binding.priority == Priority::High;
+        for p in positions {
+            self.gpus[p].with_work.retain(|&v| v != vgpu);
+            if high {
+                continue;
+            }
+            let gpu = &self.gpus[p];
+            let least_left = gpu
+                .with_work
+                .iter()
+                .map(|v| &self.vgpus[v])
+                .filter(|s| s.class() == class && s.binding.priority != Priority::High)
+                .map(|s| s.virtual_time)
+                .min()
+                .unwrap_or(own);
+            let gpu = &mut self.gpus[p];
+            gpu.floor[class] = gpu.floor[class].max(least_left);
+        }
+    }
+
+    /// Ends the windows whose time is up, whose holder has no work, or that are preempted.
+    fn end_windows(&mut self, now: Instant) {
+        for p in 0..self.gpus.len() {
+            let Some(holder) = self.gpus[p].holder else {
+                continue;
+            };
+            let state = &self.vgpus[&holder];
+            let preempted = state.positions.iter().any(|&q| {
+                let gpu = &self.gpus[q];
+                gpu.high_busy
+                    || state.binding.priority == Priority::Low
+                        && gpu
+                            .with_work
+                            .iter()
+                            .any(|v| self.vgpus[v].binding.priority == Priority::Normal)
+            });
+            let over = state.window_end.is_none_or(|end| now >= end);
+            if state.has_work && !over && !preempted {
+                continue;
+            }
+            let queued = self.next_queue_position();
+            let state = self.vgpus.get_mut(&holder).expect("holder is bound");
+            state.window_end = None;
+            state.window_ended_at = Some(now);
+            state.queued = queued;
+            for &q in &state.positions {
+                self.gpus[q].holder = None;
+            }
+        }
+    }
+
+    /// A reservation lapses when its vGPU has no work or cannot run (a `high` vGPU has work on one
+    /// of its GPUs, or it is `low` and a `normal` one has work there).
+    fn drop_stale_reservations(&mut self) {
+        for p in 0..self.gpus.len() {
+            let Some(m) = self.gpus[p].reserved_for else {
+                continue;
+            };
+            let state = &self.vgpus[&m];
+            if !state.has_work || !self.eligible(state) {
+                for &q in &state.positions {
+                    if self.gpus[q].reserved_for == Some(m) {
+                        self.gpus[q].reserved_for = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a `normal` or `low` vGPU may run now as far as priorities go.
+    fn eligible(&self, state: &VgpuState) -> bool {
+        state.positions.iter().all(|&p| {
+            let gpu = &self.gpus[p];
+            !gpu.high_busy
+                && (state.binding.priority != Priority::Low
+                    || !gpu
+                        .with_work
+                        .iter()
+                        .any(|v| self.vgpus[v].binding.priority == Priority::Normal))
+        })
+    }
+
+    fn free(&self, p: usize, for_vgpu: VgpuId) -> bool {
+        let gpu = &self.gpus[p];
+        gpu.holder.is_none() && !gpu.high_busy && gpu.reserved_for.is_none_or(|r| r == for_vgpu)
+    }
+
+    /// Starts windows on the GPUs that have none.
+    fn grant_windows(&mut self, now: Instant) {
+        for p in 0..self.gpus.len() {
+            let gpu = &self.gpus[p];
+            if gpu.holder.is_some() || gpu.high_busy {
+                continue;
+            }
+            if let Some(m) = gpu.reserved_for {
+                if self.vgpus[&m].positions.iter().all(|&q| self.free(q, m)) {
+                    self.grant(m, now);
+                }
+                continue;
+            }
+            let class = if gpu
+                .with_work
+                .iter()
+                .any(|v| self.vgpus[v].binding.priority == Priority::Normal)
+            {
+                0
+            } else {
+                1
+            };
+            let mut candidates = std::mem::take(&mut self.candidates);
+            candidates.clear();
+            candidates.extend(
+                gpu.with_work
+                    .iter()
+                    .map(|v| (v, &self.vgpus[v]))
+                    .filter(|(_, s)| {
+                        s.binding.priority != Priority::High
+                            && s.class() == class
+                            && s.window_end.is_none()
+                            && self.eligible(s)
+                    })
+                    .map(|(&v, s)| (s.virtual_time, s.queued, v)),
+            );
+            candidates.sort_unstable();
+            for &(_, _, v) in &candidates {
+                let positions = &self.vgpus[&v].positions;
+                if positions.len() == 1 {
+                    self.grant(v, now);
+                    break;
+                }
+                // A multi-GPU vGPU reserves all its GPUs, unless another already holds a
+                // reservation on one of them; then the next candidate is considered.
+                if positions
+                    .iter()
+                    .any(|&q| self.gpus[q].reserved_for.is_some_and(|r| r != v))
+                {
+                    continue;
+                }
+                let positions = positions.clone();
+                for &q in &positions {
+                    self.gpus[q].reserved_for = Some(v);
+                }
+                if positions.iter().all(|&q| self.free(q, v)) {
+                    self.grant(v, now);
+                }
+                break;
+            }
+            self.candidates = candidates;
+        }
+    }
+
+    fn grant(&mut self, vgpu: VgpuId, now: Instant) {
+        let state = self.vgpus.get_mut(&vgpu).expect("granted vGPU is bound");
+        let length = self.slice.saturating_mul(state.binding.weight);
+        state.window_end = Some(now + length);
+        if state.window_ended_at != Some(now) {
+            state.stats.windows += 1;
+        }
+        for &p in &state.positions {
+            let gpu = &mut self.gpus[p];
+            gpu.holder = Some(vgpu);
+            if gpu.reserved_for == Some(vgpu) {
+                gpu.reserved_for = None;
+            }
+            if gpu.last_holder.is_some_and(|h| h != vgpu) {
+                gpu.stats.switches += 1;
+            }
+            gpu.last_holder = Some(vgpu);
+        }
+    }
+
+    /// Freezes the vGPUs with work that may not run and thaws those that may.
+    fn enforce(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for gpu in &self.gpus {
+            for &v in &gpu.with_work {
+                let state = self.vgpus.get_mut(&v).expect("with_work holds bound vGPUs");
+                let may_run =
+                    state.binding.priority == Priority::High || state.window_end.is_some();
+                if may_run && state.frozen {
+                    state.frozen = false;
+                    end_wait(state, now);
+                    // It could not show work while frozen: its grace starts now.
+                    state.last_work = now;
+                    actions.push(Action::Thaw(v));
+                } else if !may_run && !state.frozen {
+                    state.frozen = true;
+                    state.waiting_since = Some(now);
+                    actions.push(Action::Freeze(v));
+                }
+            }
+        }
+        actions
+    }
+
+    /// The earliest instant at which a decision could change for someone who waits: the end of
+    /// a window, or the lapse of the work of a window holder or of a `high` vGPU, on a GPU where
+    /// a vGPU is frozen.
+    fn next_due(&self) -> Option<Instant> {
+        let mut due: Option<Instant> = None;
+        let mut consider = |t: Instant| due = Some(due.map_or(t, |d: Instant| d.min(t)));
+        for gpu in &self.gpus {
+            if !gpu.with_work.iter().any(|v| self.vgpus[v].frozen) {
+                continue;
+            }
+            for v in &gpu.with_work {
+                let state = &self.vgpus[v];
+                if state.frozen {
+                    continue;
+                }
+                consider(state.last_work + self.idle_grace);
+                if let Some(end) = state.window_end {
+                    consider(end);
+                }
+            }
+        }
+        due
+    }
+}
+
+fn end_wait(state: &mut VgpuState, now: Instant) {
+    if let Some(since) = state.waiting_since.take() {
+        let wait = now.saturating_since(since);
+        state.stats.wait_time += wait;
+        state.stats.waits.record(wait);
+    }
+}
+
+/// vGPU ids are small unique integers: a multiplicative hash is enough and keeps lookups cheap on
+/// the decision path.
+#[derive(Clone, Copy, Debug, Default)]
+struct BuildVgpuHasher;
+
+impl BuildHasher for BuildVgpuHasher {
+    type Hasher = VgpuHasher;
+    fn build_hasher(&self) -> VgpuHasher {
+        VgpuHasher(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct VgpuHasher(u64);
+
+impl Hasher for VgpuHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,400 @@
+//! Rule-by-rule tests of the window scheduler, on a small node driven sample by sample.
+
+use super::*;
+use std::collections::BTreeSet;
+
+const SAMPLE_MS: u64 = 50;
+
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos(ms * 1_000_000)
+}
+
+fn v(n: u64) -> VgpuId {
+    VgpuId(n)
+}
+
+/// A node with `gpus` GPUs, slice 200 ms, idle_grace 100 ms, that applies the scheduler's
+/// orders and checks them against its own record of who is frozen.
+struct Node {
+    s: WindowScheduler,
+    frozen: BTreeSet<u64>,
+    now: u64,
+}
+
+impl Node {
+    fn new(gpus: u32) -> Node {
+        let config = SchedulerConfig {
+            slice: Duration::from_millis(200),
+            idle_grace: Duration::from_millis(100),
+            ..SchedulerConfig::default()
+        };
+        Node {
+            s: WindowScheduler::new((0..gpus).map(GpuIndex), &config),
+            frozen: BTreeSet::new(),
+            now: 0,
+        }
+    }
+
+    fn bind(&mut self, id: u64, gpus: &[u32], weight: u32, priority: Priority) {
+        let binding = Binding {
+            gpus: gpus.iter().map(|&g| GpuIndex(g)).collect(),
+            weight,
+            priority,
+        };
+        self.s.bind(v(id), binding, at(self.now)).unwrap();
+    }
+
+    fn apply(&mut self, actions: &[Action]) {
+        for a in actions {
+            match *a {
+                Action::Freeze(id) => assert!(self.frozen.insert(id.0), "froze {id} twice"),
+                Action::Thaw(id) => assert!(self.frozen.remove(&id.0), "thawed running {id}"),
+            }
+        }
+    }
+
+    /// Samples at `ms`: `working` showed work, every other vGPU showed none; then decides.
+    fn sample(&mut self, ms: u64, working: &[u64]) -> Decision {
+        self.now = ms;
+        let ids: Vec<VgpuId> = self.s.vgpus().collect();
+        for id in ids {
+            self.s.observe(id, working.contains(&id.0), at(ms));
+        }
+        self.decide(ms)
+    }
+
+    fn decide(&mut self, ms: u64) -> Decision {
+        self.now = ms;
+        let d = self.s.decide(at(ms));
+        self.apply(&d.actions);
+        d
+    }
+
+    /// Samples every 50 ms from `from` (inclusive) to `to` (exclusive), waking at `next_due`
+    /// between samples. `working(id, ms)` says whether a running vGPU works at that time.
+    fn run(&mut self, from: u64, to: u64, working: impl Fn(u64, u64) -> bool) {
+        let mut t = from;
+        while t < to {
+            let ids: Vec<u64> = self.s.vgpus().map(|id| id.0).collect();
+            let busy: Vec<u64> = ids
+                .into_iter()
+                .filter(|&id| !self.frozen.contains(&id) && working(id, t))
+                .collect();
+            let mut due = self.sample(t, &busy).next_due;
+            let next_sample = t + SAMPLE_MS;
+            while let Some(d) = due.map(|d| d.as_nanos().div_ceil(1_000_000)) {
+                if d >= next_sample || d >= to {
+                    break;
+                }
+                due = self.decide(d).next_due;
+            }
+            t = next_sample;
+        }
+    }
+
+    fn frozen(&self) -> Vec<u64> {
+        self.frozen.iter().copied().collect()
+    }
+
+    fn stats(&self, id: u64) -> VgpuStats {
+        self.s.vgpu(v(id)).unwrap().stats
+    }
+
+    fn gpu_secs(&self, id: u64) -> f64 {
+        self.stats(id).gpu_time.as_secs_f64()
+    }
+}
+
+#[test]
+fn a_vgpu_without_work_is_never_frozen() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.bind(3, &[0], 1, Priority::Low);
+    n.run(0, 5_000, |_, _| false);
+    assert!(n.frozen().is_empty());
+    // One works: the idle ones stay untouched.
+    n.run(5_000, 10_000, |id, _| id == 1);
+    assert!(n.frozen().is_empty());
+}
+
+#[test]
+fn a_vgpu_alone_with_work_runs_unrestricted_in_one_window() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.run(0, 10_000, |id, _| id == 1);
+    assert!(n.frozen().is_empty());
+    assert_eq!(n.stats(1).windows, 1, "an extended window is not a new one");
+    assert!((n.gpu_secs(1) - 10.0).abs() < 0.2, "{}", n.gpu_secs(1));
+    assert_eq!(n.s.gpu(GpuIndex(0)).unwrap().holder, Some(v(1)));
+}
+
+#[test]
+fn a_second_vgpu_with_work_waits_for_the_window_to_end() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    let d = n.sample(0, &[1]);
+    assert_eq!((d.actions, d.next_due), (vec![], None));
+    let d = n.sample(50, &[1, 2]);
+    assert_eq!(d.actions, vec![Action::Freeze(v(2))]);
+    assert_eq!(d.next_due, Some(at(150)), "the holder's work may lapse first");
+    n.sample(100, &[1]);
+    let d = n.sample(150, &[1]);
+    assert_eq!(d.next_due, Some(at(200)), "window of 1 ends at slice");
+    let d = n.decide(200);
+    assert_eq!(d.actions, vec![Action::Freeze(v(1)), Action::Thaw(v(2))]);
+    assert_eq!(n.s.vgpu(v(2)).unwrap().window_end, Some(at(400)));
+    assert_eq!(n.stats(2).waits.count(), 1);
+    assert_eq!(n.stats(2).wait_time, Duration::from_millis(150));
+}
+
+#[test]
+fn a_window_lasts_slice_times_weight() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 3, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1, 2]);
+    let holder = n.s.gpu(GpuIndex(0)).unwrap().holder.unwrap();
+    let end = n.s.vgpu(holder).unwrap().window_end.unwrap();
+    let weight = if holder == v(1) { 3 } else { 1 };
+    assert_eq!(end, at(200 * weight));
+}
+
+#[test]
+fn shares_follow_weights() {
+    let mut n = Node::new(1);
+    for (id, w) in [(1, 1), (2, 2), (3, 5)] {
+        n.bind(id, &[0], w, Priority::Normal);
+    }
+    n.run(0, 120_000, |_, _| true);
+    let total: f64 = (1..=3).map(|id| n.gpu_secs(id)).sum();
+    assert!(total > 119.0, "the GPU stays busy: {total}");
+    for (id, w) in [(1, 1.0), (2, 2.0), (3, 5.0)] {
+        let share = n.gpu_secs(id) / total;
+        let fair = w / 8.0;
+        assert!((share - fair).abs() / fair < 0.02, "vgpu {id}: {share} vs {fair}");
+    }
+    let gpu = n.s.gpu(GpuIndex(0)).unwrap().stats;
+    assert!(gpu.switches > 100, "{gpu:?}");
+}
+
+#[test]
+fn a_holder_without_work_for_idle_grace_passes_the_window_early() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 10, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    assert_eq!(n.frozen(), vec![2]);
+    // 1's window would last 2 s, but its last work is at 50 ms.
+    let d = n.sample(100, &[]);
+    assert_eq!(d.next_due, Some(at(150)));
+    let d = n.decide(150);
+    assert_eq!(d.actions, vec![Action::Thaw(v(2))]);
+    assert!(n.s.vgpu(v(1)).unwrap().window_end.is_none());
+    assert!(!n.s.vgpu(v(1)).unwrap().has_work);
+}
+
+#[test]
+fn samples_of_a_frozen_vgpu_are_ignored_and_a_thawed_one_gets_its_grace() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 4, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    assert_eq!(n.frozen(), vec![2]);
+    for t in (100..800).step_by(50) {
+        n.sample(t, &[1]); // 2 shows nothing: it is frozen
+    }
+    assert_eq!(n.frozen(), vec![2], "still waiting");
+    n.decide(800);
+    assert_eq!(n.frozen(), vec![1]);
+    // No sample yet after the thaw: 2 keeps its window for idle_grace.
+    n.decide(850);
+    assert_eq!(n.frozen(), vec![1]);
+    assert!(n.s.vgpu(v(2)).unwrap().has_work);
+}
+
+#[test]
+fn high_freezes_the_others_with_work_and_is_never_frozen() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::High);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.bind(3, &[0], 1, Priority::Low);
+    n.bind(4, &[0], 1, Priority::Normal);
+    n.sample(0, &[2]);
+    assert!(n.frozen().is_empty());
+    n.sample(50, &[1, 2, 3]);
+    assert_eq!(n.frozen(), vec![2, 3], "4 has no work and is left alone");
+    n.run(100, 3_000, |id, _| id != 4);
+    assert_eq!(n.frozen(), vec![2, 3]);
+    assert!(n.s.gpu(GpuIndex(0)).unwrap().holder.is_none());
+    // The high one's work ends: the normal one runs, the low one still waits.
+    n.run(3_000, 3_300, |id, _| id == 2 || id == 3);
+    assert_eq!(n.frozen(), vec![3]);
+}
+
+#[test]
+fn two_high_vgpus_run_together() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::High);
+    n.bind(2, &[0], 1, Priority::High);
+    n.run(0, 2_000, |_, _| true);
+    assert!(n.frozen().is_empty());
+    assert!((n.gpu_secs(1) - 1.0).abs() < 0.1 && (n.gpu_secs(2) - 1.0).abs() < 0.1);
+}
+
+#[test]
+fn low_runs_only_while_no_normal_has_work() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Low);
+    n.bind(2, &[0], 1, Priority::Low);
+    n.bind(3, &[0], 1, Priority::Normal);
+    n.run(0, 2_000, |id, _| id != 3);
+    assert_eq!(n.frozen().len(), 1, "two lows take turns");
+    assert!(n.gpu_secs(1) > 0.8 && n.gpu_secs(2) > 0.8);
+    // A normal gets work: the low holder is preempted at once.
+    n.sample(2_000, &[1, 2, 3]);
+    assert_eq!(n.frozen(), vec![1, 2]);
+    n.run(2_050, 4_000, |_, _| true);
+    assert_eq!(n.frozen(), vec![1, 2]);
+    n.run(4_000, 4_500, |id, _| id != 3);
+    assert_eq!(n.frozen().len(), 1);
+}
+
+#[test]
+fn a_multi_gpu_vgpu_runs_only_holding_all_its_gpus_and_is_not_starved() {
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[1], 3, Priority::Normal);
+    n.bind(9, &[0, 1], 1, Priority::Normal);
+    n.run(0, 60_000, |_, _| true);
+    // Alone, 9 would get half of each GPU it shares; it gets a fair part of its GPUs.
+    let m = n.gpu_secs(9) / 2.0;
+    assert!(m > 10.0, "multi-GPU vGPU got {m} s per GPU of 60");
+    let stats = n.stats(9);
+    assert!(stats.windows > 20);
+    assert!(stats.waits.max() < Duration::from_millis(2_000), "{:?}", stats.waits.max());
+}
+
+#[test]
+fn a_multi_gpu_vgpu_never_runs_beside_a_single_gpu_one() {
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[1], 2, Priority::Normal);
+    n.bind(9, &[0, 1], 2, Priority::Normal);
+    for t in (0..20_000).step_by(50) {
+        let running: Vec<u64> = [1, 2, 9]
+            .into_iter()
+            .filter(|id| !n.frozen.contains(id))
+            .collect();
+        n.sample(t, &running);
+        if !n.frozen.contains(&9) {
+            assert_eq!(n.frozen(), vec![1, 2], "at {t} ms");
+        }
+    }
+}
+
+#[test]
+fn a_latecomer_is_lifted_to_the_floor_and_banks_no_idle_time() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.run(0, 30_000, |id, _| id == 1);
+    let before = (n.gpu_secs(1), n.gpu_secs(2));
+    n.run(30_000, 40_000, |_, _| true);
+    let (a, b) = (n.gpu_secs(1) - before.0, n.gpu_secs(2) - before.1);
+    assert!((a - b).abs() < 0.5, "after the latecomer arrives they share: {a} vs {b}");
+    // And one that worked alone, went idle and came back is not punished for its solo run.
+    n.run(40_000, 50_000, |id, _| id == 2);
+    let before = (n.gpu_secs(1), n.gpu_secs(2));
+    n.run(50_000, 60_000, |_, _| true);
+    let (a, b) = (n.gpu_secs(1) - before.0, n.gpu_secs(2) - before.1);
+    assert!((a - b).abs() < 0.5, "{a} vs {b}");
+}
+
+#[test]
+fn unbinding_the_holder_passes_the_window_and_a_frozen_one_is_thawed() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.bind(3, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2, 3]);
+    assert_eq!(n.frozen(), vec![2, 3]);
+    assert_eq!(n.s.unbind(v(1), at(60)), None);
+    let d = n.decide(60);
+    assert_eq!(d.actions.len(), 1);
+    n.apply(&[]);
+    let next = match d.actions[0] {
+        Action::Thaw(id) => id.0,
+        other => panic!("{other:?}"),
+    };
+    let still_frozen = 5 - next;
+    assert_eq!(n.frozen(), vec![still_frozen]);
+    assert_eq!(n.s.unbind(v(still_frozen), at(70)), Some(Action::Thaw(v(still_frozen))));
+    assert_eq!(n.s.unbind(v(still_frozen), at(70)), None, "already gone");
+    assert!(!n.s.observe(v(still_frozen), true, at(80)));
+}
+
+#[test]
+fn next_due_is_none_while_nobody_waits() {
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[1], 1, Priority::Normal);
+    for t in (0..2_000).step_by(50) {
+        assert_eq!(n.sample(t, &[1, 2]).next_due, None);
+    }
+}
+
+#[test]
+fn bind_rejects_bad_bindings() {
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    let b = |gpus: &[u32], weight| Binding {
+        gpus: gpus.iter().map(|&g| GpuIndex(g)).collect(),
+        weight,
+        priority: Priority::Normal,
+    };
+    let now = at(0);
+    assert_eq!(n.s.bind(v(1), b(&[0], 1), now), Err(BindError::AlreadyBound(v(1))));
+    assert_eq!(n.s.bind(v(2), b(&[7], 1), now), Err(BindError::UnknownGpu(GpuIndex(7))));
+    assert!(matches!(n.s.bind(v(2), b(&[], 1), now), Err(BindError::BadGpuList(_))));
+    assert!(matches!(n.s.bind(v(2), b(&[1, 1], 1), now), Err(BindError::BadGpuList(_))));
+    assert_eq!(n.s.bind(v(2), b(&[0], 0), now), Err(BindError::BadWeight(0)));
+    assert_eq!(n.s.bind(v(2), b(&[0], 101), now), Err(BindError::BadWeight(101)));
+    assert!(n.s.vgpu(v(2)).is_none(), "nothing half-bound");
+    assert_eq!(n.s.gpu(GpuIndex(0)).unwrap().bound, vec![v(1)]);
+}
+
+#[test]
+fn a_clock_that_goes_back_is_read_as_the_latest() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(1_000, &[1, 2]);
+    let frozen = n.frozen();
+    let d = n.sample(10, &[1]);
+    assert!(d.actions.is_empty());
+    assert_eq!(n.frozen(), frozen);
+}
+
+#[test]
+fn accounting_counts_windows_switches_and_waits() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.run(0, 4_000, |_, _| true);
+    let (a, b) = (n.stats(1), n.stats(2));
+    // 4 s of 200 ms windows: 20 windows in all, one switch between each.
+    assert!((19..=21).contains(&(a.windows + b.windows)), "{} {}", a.windows, b.windows);
+    let switches = n.s.gpu(GpuIndex(0)).unwrap().stats.switches;
+    assert_eq!(switches, a.windows + b.windows - 1);
+    assert!(a.waits.count() + b.waits.count() >= 18);
+    assert!(b.waits.quantile(0.5) >= Duration::from_millis(150));
+    assert!(b.waits.max() <= Duration::from_millis(250));
+    let busy = n.s.gpu(GpuIndex(0)).unwrap().stats.busy_time;
+    assert!(busy >= Duration::from_millis(3_900), "{busy:?}");
+}
