@@ -14,9 +14,11 @@
 //!   weight. A vGPU that gets work is lifted to the least virtual time of those already waiting on
 //!   its GPUs (the GPU's floor), so time spent idle is not banked against the others; shares of
 //!   continuously busy vGPUs converge to their weights. Ties go to the one queued first.
-//! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next on one of
-//!   them, it reserves all of them: no new window starts on a reserved GPU until it has them all,
-//!   so it waits at most for the longest window in progress on its GPUs.
+//! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
+//!   every one of them, it reserves them: no new window starts on a reserved GPU until it has
+//!   them all, so it waits at most for the longest window in progress on its GPUs. (Next in line
+//!   on just one of them would not do: alone on one GPU it would always be next there and jump
+//!   the queue on the others.)
 //! - **Priorities.** `high` vGPUs are never frozen and hold no window; while one has work, every
 //!   other vGPU with work on its GPUs is frozen.
 //!
@@ -593,12 +595,12 @@ impl WindowScheduler {
                     self.grant(v, now);
                     break;
                 }
-                // A multi-GPU vGPU reserves all its GPUs, unless another already holds a
-                // reservation on one of them; then the next candidate is considered.
-                if positions
-                    .iter()
-                    .any(|&q| self.gpus[q].reserved_for.is_some_and(|r| r != v))
-                {
+                // A multi-GPU vGPU reserves all its GPUs when it is next in line on every one of
+                // them and no other reservation is in the way; otherwise the next candidate is
+                // considered.
+                if positions.iter().any(|&q| {
+                    self.gpus[q].reserved_for.is_some_and(|r| r != v) || !self.next_in_line(v, q)
+                }) {
                     continue;
                 }
                 let positions = positions.clone();
@@ -612,6 +614,21 @@ impl WindowScheduler {
             }
             self.candidates = candidates;
         }
+    }
+
+    /// Whether `vgpu` ranks first among the vGPUs waiting for a window on GPU `p`.
+    fn next_in_line(&self, vgpu: VgpuId, p: usize) -> bool {
+        let own = &self.vgpus[&vgpu];
+        let key = (own.virtual_time, own.queued);
+        self.gpus[p].with_work.iter().all(|v| {
+            let s = &self.vgpus[v];
+            *v == vgpu
+                || s.binding.priority == Priority::High
+                || s.class() != own.class()
+                || s.window_end.is_some()
+                || !self.eligible(s)
+                || (s.virtual_time, s.queued) > key
+        })
     }
 
     fn grant(&mut self, vgpu: VgpuId, now: Instant) {
