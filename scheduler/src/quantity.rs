@@ -264,7 +264,7 @@ fn exact_bytes(
             return Err(QuantityErrorKind::TooLarge);
         }
         // 0 <= exp10 <= 20 here.
-        digits.splice(0..0, std::iter::repeat(0).take(exp10 as usize));
+        digits.splice(0..0, std::iter::repeat_n(0, exp10 as usize));
         return value_of(&digits);
     }
     let cut = usize::try_from(exp10.unsigned_abs()).unwrap_or(usize::MAX);
