@@ -15,8 +15,10 @@
 //!   its GPUs (the GPU's floor), so time spent idle is not banked against the others; shares of
 //!   continuously busy vGPUs converge to their weights. Ties go to the one queued first.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
-//!   every one of them, it reserves them: no new window starts on a reserved GPU until it has
-//!   them all, so it waits at most for the longest window in progress on its GPUs. (Next in line
+//!   every one of them, it reserves them, so it waits at most for the longest window in progress
+//!   on its GPUs. Meanwhile a reserved GPU whose window ends is *lent* to the next single-GPU
+//!   vGPU in line there, and taken back the moment the multi-GPU vGPU can start: no GPU idles
+//!   while someone with work waits for it. (Next in line
 //!   on just one of them would not do: alone on one GPU it would always be next there and jump
 //!   the queue on the others.)
 //! - **Priorities.** `high` vGPUs are never frozen and hold no window; while one has work, every
@@ -149,6 +151,9 @@ struct GpuState {
     holder: Option<VgpuId>,
     last_holder: Option<VgpuId>,
     reserved_for: Option<VgpuId>,
+    /// The holder's window is lent: the GPU is reserved for a multi-GPU vGPU that is still
+    /// waiting for its other GPUs, and the window ends as soon as that one can start.
+    lent: bool,
     /// Set during `decide`: a `high` vGPU here has work.
     high_busy: bool,
     /// Lower bound of the virtual time of the `normal` and the `low` vGPUs with work here.
@@ -200,6 +205,7 @@ impl WindowScheduler {
                     holder: None,
                     last_holder: None,
                     reserved_for: None,
+                    lent: false,
                     high_busy: false,
                     floor: [0; 2],
                     stats: GpuStats::default(),
@@ -264,6 +270,7 @@ impl WindowScheduler {
             gpu.with_work.retain(|&v| v != vgpu);
             if gpu.holder == Some(vgpu) {
                 gpu.holder = None;
+                gpu.lent = false;
             }
             if gpu.reserved_for == Some(vgpu) {
                 gpu.reserved_for = None;
@@ -307,6 +314,7 @@ impl WindowScheduler {
         }
         self.end_windows(now);
         self.drop_stale_reservations();
+        self.reclaim_lent_windows(now);
         self.grant_windows(now);
         let actions = self.enforce(now);
         Decision {
@@ -505,13 +513,41 @@ impl WindowScheduler {
             if state.has_work && !over && !preempted {
                 continue;
             }
-            let queued = self.next_queue_position();
-            let state = self.vgpus.get_mut(&holder).expect("holder is bound");
-            state.window_end = None;
-            state.window_ended_at = Some(now);
-            state.queued = queued;
-            for &q in &state.positions {
-                self.gpus[q].holder = None;
+            self.end_window(holder, now);
+        }
+    }
+
+    fn end_window(&mut self, holder: VgpuId, now: Instant) {
+        let queued = self.next_queue_position();
+        let state = self.vgpus.get_mut(&holder).expect("holder is bound");
+        state.window_end = None;
+        state.window_ended_at = Some(now);
+        state.queued = queued;
+        for &q in &state.positions {
+            self.gpus[q].holder = None;
+            self.gpus[q].lent = false;
+        }
+    }
+
+    /// A multi-GPU vGPU that could start but for lent windows on its reserved GPUs takes them
+    /// back now.
+    fn reclaim_lent_windows(&mut self, now: Instant) {
+        for p in 0..self.gpus.len() {
+            let gpu = &self.gpus[p];
+            let (Some(m), Some(borrower)) = (gpu.reserved_for, gpu.holder) else {
+                continue;
+            };
+            if !gpu.lent {
+                continue;
+            }
+            let startable = self.vgpus[&m].positions.iter().all(|&q| {
+                let gpu = &self.gpus[q];
+                !gpu.high_busy
+                    && gpu.reserved_for.is_none_or(|r| r == m)
+                    && (gpu.holder.is_none() || gpu.lent)
+            });
+            if startable {
+                self.end_window(borrower, now);
             }
         }
     }
@@ -559,11 +595,12 @@ impl WindowScheduler {
             if gpu.holder.is_some() || gpu.high_busy {
                 continue;
             }
-            if let Some(m) = gpu.reserved_for {
+            let reserved_for = gpu.reserved_for;
+            if let Some(m) = reserved_for {
                 if self.vgpus[&m].positions.iter().all(|&q| self.free(q, m)) {
-                    self.grant(m, now);
+                    self.grant(m, now, false);
+                    continue;
                 }
-                continue;
             }
             let class = if gpu
                 .with_work
@@ -592,8 +629,13 @@ impl WindowScheduler {
             for &(_, _, v) in &candidates {
                 let positions = &self.vgpus[&v].positions;
                 if positions.len() == 1 {
-                    self.grant(v, now);
+                    // On a GPU kept for a multi-GPU vGPU that still waits for its other GPUs,
+                    // the window is lent until that one can start: no GPU idles meanwhile.
+                    self.grant(v, now, reserved_for.is_some());
                     break;
+                }
+                if reserved_for.is_some() {
+                    continue;
                 }
                 // A multi-GPU vGPU reserves all its GPUs when it is next in line on every one of
                 // them and no other reservation is in the way; otherwise the next candidate is
@@ -608,7 +650,7 @@ impl WindowScheduler {
                     self.gpus[q].reserved_for = Some(v);
                 }
                 if positions.iter().all(|&q| self.free(q, v)) {
-                    self.grant(v, now);
+                    self.grant(v, now, false);
                 }
                 break;
             }
@@ -631,7 +673,7 @@ impl WindowScheduler {
         })
     }
 
-    fn grant(&mut self, vgpu: VgpuId, now: Instant) {
+    fn grant(&mut self, vgpu: VgpuId, now: Instant, lent: bool) {
         let state = self.vgpus.get_mut(&vgpu).expect("granted vGPU is bound");
         let length = self.slice.saturating_mul(state.binding.weight);
         state.window_end = Some(now + length);
@@ -641,6 +683,7 @@ impl WindowScheduler {
         for &p in &state.positions {
             let gpu = &mut self.gpus[p];
             gpu.holder = Some(vgpu);
+            gpu.lent = lent;
             if gpu.reserved_for == Some(vgpu) {
                 gpu.reserved_for = None;
             }
