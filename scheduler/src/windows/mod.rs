@@ -175,6 +175,9 @@ struct VgpuState {
     queued: u64,
     waiting_since: Option<Instant>,
     virtual_time: u128,
+    /// What the integer division of the virtual time left over, carried so that time accrued
+    /// in many small steps adds up exactly (three 200 ms steps at weight 3 equal one 600 ms).
+    virtual_remainder: u128,
     stats: VgpuStats,
 }
 
@@ -253,6 +256,7 @@ impl WindowScheduler {
                 queued: 0,
                 waiting_since: None,
                 virtual_time: 0,
+                virtual_remainder: 0,
                 stats: VgpuStats::default(),
             },
         );
@@ -408,7 +412,9 @@ impl WindowScheduler {
                 busy_until = busy_until.max(end);
                 state.stats.gpu_time += span;
                 let weight = u128::from(state.binding.weight) * state.positions.len() as u128;
-                state.virtual_time += span.as_nanos() * VIRTUAL_SCALE / weight;
+                let scaled = span.as_nanos() * VIRTUAL_SCALE + state.virtual_remainder;
+                state.virtual_time += scaled / weight;
+                state.virtual_remainder = scaled % weight;
             }
             gpu.stats.busy_time += busy_until.saturating_since(start);
         }
@@ -438,7 +444,10 @@ impl WindowScheduler {
         let positions = state.positions.clone();
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = true;
-        state.virtual_time = floor;
+        if floor > state.virtual_time {
+            state.virtual_time = floor;
+            state.virtual_remainder = 0;
+        }
         state.queued = queued;
         for p in positions {
             let gpu = &mut self.gpus[p];

@@ -398,3 +398,26 @@ fn accounting_counts_windows_switches_and_waits() {
     let busy = n.s.gpu(GpuIndex(0)).unwrap().stats.busy_time;
     assert!(busy >= Duration::from_millis(3_900), "{busy:?}");
 }
+
+#[test]
+fn windows_rotate_in_queue_order_when_virtual_times_tie() {
+    // Weights 1, 2, 3: after one window each, all three have the same virtual time, which must
+    // add up exactly (600 ms accrued in 50 ms steps at weight 3 equals 200 ms at weight 1), so
+    // the lightest, queued first, goes next and the heaviest does not get two windows in a row.
+    let mut n = Node::new(1);
+    for (id, w) in [(1, 1), (2, 2), (3, 3)] {
+        n.bind(id, &[0], w, Priority::Normal);
+    }
+    let mut holders = Vec::new();
+    n.sample(0, &[]);
+    for t in (50..4_000).step_by(50) {
+        let running: Vec<u64> = [1, 2, 3].into_iter().filter(|id| !n.frozen.contains(id)).collect();
+        n.sample(t, &running);
+        let holder = n.s.gpu(GpuIndex(0)).unwrap().holder.unwrap().0;
+        if holders.last() != Some(&(holder, t)) && holders.last().map(|h| h.0) != Some(holder) {
+            holders.push((holder, t));
+        }
+    }
+    let expected = [(1, 50), (2, 250), (3, 650), (1, 1_250), (2, 1_450), (3, 1_850), (1, 2_450)];
+    assert_eq!(&holders[..expected.len()], &expected);
+}
