@@ -10,9 +10,11 @@
 //!   lasts `slice × weight`, and ends early when its holder has no work, is unbound, or is
 //!   preempted (a `high` vGPU gets work on one of its GPUs; for a `low` holder, a `normal` vGPU
 //!   gets work). A vGPU with work alone on all of its GPUs is always granted at once.
-//! - **Who is next.** The vGPU with the least *virtual time*: GPU time received divided by
-//!   weight. A vGPU that gets work is lifted to the least virtual time of those already waiting on
-//!   its GPUs (the GPU's floor), so time spent idle is not banked against the others; shares of
+//! - **Who is next.** The vGPU with the least *virtual time* on that GPU: the GPU time it
+//!   received there divided by its weight. Each GPU keeps its own clock, so a multi-GPU vGPU is
+//!   ranked on each GPU against the vGPUs there. A vGPU that gets work is lifted, on each of its
+//!   GPUs, to the least virtual time of those with work there (or, where none has, to where the
+//!   last one left off), so time spent idle is not banked against the others; shares of
 //!   continuously busy vGPUs converge to their weights. Ties go to the one queued first.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
 //!   every one of them, it reserves them, so it waits at most for the longest window in progress
@@ -156,7 +158,8 @@ struct GpuState {
     lent: bool,
     /// Set during `decide`: a `high` vGPU here has work.
     high_busy: bool,
-    /// Lower bound of the virtual time of the `normal` and the `low` vGPUs with work here.
+    /// For the `normal` and the `low` class: the virtual time of the last vGPU of that class
+    /// that had work here, where a vGPU getting work while none of its class has any starts.
     floor: [u128; 2],
     stats: GpuStats,
 }
@@ -174,14 +177,47 @@ struct VgpuState {
     window_ended_at: Option<Instant>,
     queued: u64,
     waiting_since: Option<Instant>,
-    virtual_time: u128,
-    /// What the integer division of the virtual time left over, carried so that time accrued
-    /// in many small steps adds up exactly (three 200 ms steps at weight 3 equal one 600 ms).
-    virtual_remainder: u128,
+    /// Its virtual time on each of its GPUs, parallel to `positions`. Each GPU keeps its own
+    /// clock: a multi-GPU vGPU is compared on each GPU with the vGPUs there, by the time it
+    /// received there.
+    virtual_times: Vec<VirtualTime>,
     stats: VgpuStats,
 }
 
+/// GPU time received on one GPU divided by weight (scaled by `VIRTUAL_SCALE`).
+#[derive(Clone, Copy, Debug, Default)]
+struct VirtualTime {
+    time: u128,
+    /// What the integer division left over, carried so that time accrued in many small steps
+    /// adds up exactly (three 200 ms steps at weight 3 equal one 600 ms).
+    remainder: u128,
+}
+
+impl VirtualTime {
+    fn accrue(&mut self, span: Duration, weight: u32) {
+        let weight = u128::from(weight);
+        let scaled = span.as_nanos() * VIRTUAL_SCALE + self.remainder;
+        self.time += scaled / weight;
+        self.remainder = scaled % weight;
+    }
+
+    fn lift_to(&mut self, floor: u128) {
+        if floor > self.time {
+            self.time = floor;
+            self.remainder = 0;
+        }
+    }
+}
+
 impl VgpuState {
+    /// Its virtual time on the GPU at position `p` (one of its own).
+    fn virtual_time(&self, p: usize) -> u128 {
+        self.positions
+            .iter()
+            .position(|&q| q == p)
+            .map_or(0, |i| self.virtual_times[i].time)
+    }
+
     fn class(&self) -> usize {
         match self.binding.priority {
             Priority::Low => 1,
@@ -255,8 +291,7 @@ impl WindowScheduler {
                 window_ended_at: None,
                 queued: 0,
                 waiting_since: None,
-                virtual_time: 0,
-                virtual_remainder: 0,
+                virtual_times: vec![VirtualTime::default(); sorted.len()],
                 stats: VgpuStats::default(),
             },
         );
@@ -391,7 +426,7 @@ impl WindowScheduler {
         }
         let start = self.clock;
         let grace = self.idle_grace;
-        for gpu in &mut self.gpus {
+        for (p, gpu) in self.gpus.iter_mut().enumerate() {
             let running = gpu
                 .with_work
                 .iter()
@@ -411,10 +446,9 @@ impl WindowScheduler {
                 let span = end.saturating_since(start) / running;
                 busy_until = busy_until.max(end);
                 state.stats.gpu_time += span;
-                let weight = u128::from(state.binding.weight) * state.positions.len() as u128;
-                let scaled = span.as_nanos() * VIRTUAL_SCALE + state.virtual_remainder;
-                state.virtual_time += scaled / weight;
-                state.virtual_remainder = scaled % weight;
+                if let Some(i) = state.positions.iter().position(|&q| q == p) {
+                    state.virtual_times[i].accrue(span, state.binding.weight);
+                }
             }
             gpu.stats.busy_time += busy_until.saturating_since(start);
         }
@@ -422,40 +456,45 @@ impl WindowScheduler {
         now
     }
 
-    /// A vGPU starts having work: lift it to its GPUs' floor and queue it.
+    /// A vGPU starts having work: lift it to the least virtual time of those with work on its
+    /// GPUs (or, where none has, to where the last one left off), and queue it.
     fn start_work(&mut self, vgpu: VgpuId) {
         let queued = self.next_queue_position();
         let state = &self.vgpus[&vgpu];
         let class = state.class();
-        let mut floor = state.virtual_time;
-        let high = state.binding.priority == Priority::High;
-        for &p in state.positions.iter().filter(|_| !high) {
-            let gpu = &self.gpus[p];
-            let least_waiting = gpu
-                .with_work
+        let floors: Vec<u128> = if state.binding.priority == Priority::High {
+            Vec::new()
+        } else {
+            state
+                .positions
                 .iter()
-                .map(|v| &self.vgpus[v])
-                .filter(|s| s.class() == class && s.binding.priority != Priority::High)
-                .map(|s| s.virtual_time)
-                .min()
-                .unwrap_or(0);
-            floor = floor.max(gpu.floor[class]).max(least_waiting);
-        }
-        let positions = state.positions.clone();
+                .map(|&p| {
+                    self.least_virtual_time(p, class)
+                        .unwrap_or(self.gpus[p].floor[class])
+                })
+                .collect()
+        };
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = true;
-        if floor > state.virtual_time {
-            state.virtual_time = floor;
-            state.virtual_remainder = 0;
+        for (virtual_time, floor) in state.virtual_times.iter_mut().zip(floors) {
+            virtual_time.lift_to(floor);
         }
         state.queued = queued;
-        for p in positions {
-            let gpu = &mut self.gpus[p];
-            if !high {
-                gpu.floor[class] = gpu.floor[class].max(floor);
-            }
-            gpu.with_work.push(vgpu);
+        for &p in &state.positions {
+            self.gpus[p].with_work.push(vgpu);
         }
+    }
+
+    /// The least virtual time among the `normal` (class 0) or `low` (class 1) vGPUs with work
+    /// on GPU `p`.
+    fn least_virtual_time(&self, p: usize, class: usize) -> Option<u128> {
+        self.gpus[p]
+            .with_work
+            .iter()
+            .map(|v| &self.vgpus[v])
+            .filter(|s| s.class() == class && s.binding.priority != Priority::High)
+            .map(|s| s.virtual_time(p))
+            .min()
     }
 
     /// Running vGPUs whose last work is `idle_grace` old have none any more.
@@ -474,31 +513,25 @@ impl WindowScheduler {
         }
     }
 
-    /// A vGPU stops having work. The GPU's floor keeps up with those still working, or with
-    /// the one leaving when it was the last, so that a vGPU idle meanwhile banks no time.
+    /// A vGPU stops having work. When it was the last of its class with work on a GPU, the
+    /// GPU's floor moves up to its virtual time: whoever gets work there next starts from there.
     fn stop_work(&mut self, vgpu: VgpuId) {
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = false;
         let class = state.class();
-        let own = state.virtual_time;
-        let positions = state.positions.clone();
         let high = state.binding.priority == Priority::High;
-        for p in positions {
+        let left: Vec<(usize, u128)> = state
+            .positions
+            .iter()
+            .zip(&state.virtual_times)
+            .map(|(&p, t)| (p, t.time))
+            .collect();
+        for (p, own) in left {
             self.gpus[p].with_work.retain(|&v| v != vgpu);
-            if high {
-                continue;
+            if !high && self.least_virtual_time(p, class).is_none() {
+                let floor = &mut self.gpus[p].floor[class];
+                *floor = (*floor).max(own);
             }
-            let gpu = &self.gpus[p];
-            let least_left = gpu
-                .with_work
-                .iter()
-                .map(|v| &self.vgpus[v])
-                .filter(|s| s.class() == class && s.binding.priority != Priority::High)
-                .map(|s| s.virtual_time)
-                .min()
-                .unwrap_or(own);
-            let gpu = &mut self.gpus[p];
-            gpu.floor[class] = gpu.floor[class].max(least_left);
         }
     }
 
@@ -632,7 +665,7 @@ impl WindowScheduler {
                             && s.window_end.is_none()
                             && self.eligible(s)
                     })
-                    .map(|(&v, s)| (s.virtual_time, s.queued, v)),
+                    .map(|(&v, s)| (s.virtual_time(p), s.queued, v)),
             );
             candidates.sort_unstable();
             for &(_, _, v) in &candidates {
@@ -670,7 +703,7 @@ impl WindowScheduler {
     /// Whether `vgpu` ranks first among the vGPUs waiting for a window on GPU `p`.
     fn next_in_line(&self, vgpu: VgpuId, p: usize) -> bool {
         let own = &self.vgpus[&vgpu];
-        let key = (own.virtual_time, own.queued);
+        let key = (own.virtual_time(p), own.queued);
         self.gpus[p].with_work.iter().all(|v| {
             let s = &self.vgpus[v];
             *v == vgpu
@@ -678,7 +711,7 @@ impl WindowScheduler {
                 || s.class() != own.class()
                 || s.window_end.is_some()
                 || !self.eligible(s)
-                || (s.virtual_time, s.queued) > key
+                || (s.virtual_time(p), s.queued) > key
         })
     }
 

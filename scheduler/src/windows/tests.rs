@@ -139,7 +139,11 @@ fn a_second_vgpu_with_work_waits_for_the_window_to_end() {
     assert_eq!((d.actions, d.next_due), (vec![], None));
     let d = n.sample(50, &[1, 2]);
     assert_eq!(d.actions, vec![Action::Freeze(v(2))]);
-    assert_eq!(d.next_due, Some(at(150)), "the holder's work may lapse first");
+    assert_eq!(
+        d.next_due,
+        Some(at(150)),
+        "the holder's work may lapse first"
+    );
     n.sample(100, &[1]);
     let d = n.sample(150, &[1]);
     assert_eq!(d.next_due, Some(at(200)), "window of 1 ends at slice");
@@ -174,7 +178,10 @@ fn shares_follow_weights() {
     for (id, w) in [(1, 1.0), (2, 2.0), (3, 5.0)] {
         let share = n.gpu_secs(id) / total;
         let fair = w / 8.0;
-        assert!((share - fair).abs() / fair < 0.02, "vgpu {id}: {share} vs {fair}");
+        assert!(
+            (share - fair).abs() / fair < 0.02,
+            "vgpu {id}: {share} vs {fair}"
+        );
     }
     let gpu = n.s.gpu(GpuIndex(0)).unwrap().stats;
     assert!(gpu.switches > 100, "{gpu:?}");
@@ -276,7 +283,11 @@ fn a_multi_gpu_vgpu_runs_only_holding_all_its_gpus_and_is_not_starved() {
     assert!(m > 10.0, "multi-GPU vGPU got {m} s per GPU of 60");
     let stats = n.stats(9);
     assert!(stats.windows > 20);
-    assert!(stats.waits.max() < Duration::from_millis(2_000), "{:?}", stats.waits.max());
+    assert!(
+        stats.waits.max() < Duration::from_millis(2_000),
+        "{:?}",
+        stats.waits.max()
+    );
 }
 
 #[test]
@@ -306,7 +317,10 @@ fn a_latecomer_is_lifted_to_the_floor_and_banks_no_idle_time() {
     let before = (n.gpu_secs(1), n.gpu_secs(2));
     n.run(30_000, 40_000, |_, _| true);
     let (a, b) = (n.gpu_secs(1) - before.0, n.gpu_secs(2) - before.1);
-    assert!((a - b).abs() < 0.5, "after the latecomer arrives they share: {a} vs {b}");
+    assert!(
+        (a - b).abs() < 0.5,
+        "after the latecomer arrives they share: {a} vs {b}"
+    );
     // And one that worked alone, went idle and came back is not punished for its solo run.
     n.run(40_000, 50_000, |id, _| id == 2);
     let before = (n.gpu_secs(1), n.gpu_secs(2));
@@ -334,7 +348,10 @@ fn unbinding_the_holder_passes_the_window_and_a_frozen_one_is_thawed() {
     };
     let still_frozen = 5 - next;
     assert_eq!(n.frozen(), vec![still_frozen]);
-    assert_eq!(n.s.unbind(v(still_frozen), at(70)), Some(Action::Thaw(v(still_frozen))));
+    assert_eq!(
+        n.s.unbind(v(still_frozen), at(70)),
+        Some(Action::Thaw(v(still_frozen)))
+    );
     assert_eq!(n.s.unbind(v(still_frozen), at(70)), None, "already gone");
     assert!(!n.s.observe(v(still_frozen), true, at(80)));
 }
@@ -359,12 +376,30 @@ fn bind_rejects_bad_bindings() {
         priority: Priority::Normal,
     };
     let now = at(0);
-    assert_eq!(n.s.bind(v(1), b(&[0], 1), now), Err(BindError::AlreadyBound(v(1))));
-    assert_eq!(n.s.bind(v(2), b(&[7], 1), now), Err(BindError::UnknownGpu(GpuIndex(7))));
-    assert!(matches!(n.s.bind(v(2), b(&[], 1), now), Err(BindError::BadGpuList(_))));
-    assert!(matches!(n.s.bind(v(2), b(&[1, 1], 1), now), Err(BindError::BadGpuList(_))));
-    assert_eq!(n.s.bind(v(2), b(&[0], 0), now), Err(BindError::BadWeight(0)));
-    assert_eq!(n.s.bind(v(2), b(&[0], 101), now), Err(BindError::BadWeight(101)));
+    assert_eq!(
+        n.s.bind(v(1), b(&[0], 1), now),
+        Err(BindError::AlreadyBound(v(1)))
+    );
+    assert_eq!(
+        n.s.bind(v(2), b(&[7], 1), now),
+        Err(BindError::UnknownGpu(GpuIndex(7)))
+    );
+    assert!(matches!(
+        n.s.bind(v(2), b(&[], 1), now),
+        Err(BindError::BadGpuList(_))
+    ));
+    assert!(matches!(
+        n.s.bind(v(2), b(&[1, 1], 1), now),
+        Err(BindError::BadGpuList(_))
+    ));
+    assert_eq!(
+        n.s.bind(v(2), b(&[0], 0), now),
+        Err(BindError::BadWeight(0))
+    );
+    assert_eq!(
+        n.s.bind(v(2), b(&[0], 101), now),
+        Err(BindError::BadWeight(101))
+    );
     assert!(n.s.vgpu(v(2)).is_none(), "nothing half-bound");
     assert_eq!(n.s.gpu(GpuIndex(0)).unwrap().bound, vec![v(1)]);
 }
@@ -389,7 +424,12 @@ fn accounting_counts_windows_switches_and_waits() {
     n.run(0, 4_000, |_, _| true);
     let (a, b) = (n.stats(1), n.stats(2));
     // 4 s of 200 ms windows: 20 windows in all, one switch between each.
-    assert!((19..=21).contains(&(a.windows + b.windows)), "{} {}", a.windows, b.windows);
+    assert!(
+        (19..=21).contains(&(a.windows + b.windows)),
+        "{} {}",
+        a.windows,
+        b.windows
+    );
     let switches = n.s.gpu(GpuIndex(0)).unwrap().stats.switches;
     assert_eq!(switches, a.windows + b.windows - 1);
     assert!(a.waits.count() + b.waits.count() >= 18);
@@ -411,13 +451,45 @@ fn windows_rotate_in_queue_order_when_virtual_times_tie() {
     let mut holders = Vec::new();
     n.sample(0, &[]);
     for t in (50..4_000).step_by(50) {
-        let running: Vec<u64> = [1, 2, 3].into_iter().filter(|id| !n.frozen.contains(id)).collect();
+        let running: Vec<u64> = [1, 2, 3]
+            .into_iter()
+            .filter(|id| !n.frozen.contains(id))
+            .collect();
         n.sample(t, &running);
         let holder = n.s.gpu(GpuIndex(0)).unwrap().holder.unwrap().0;
         if holders.last() != Some(&(holder, t)) && holders.last().map(|h| h.0) != Some(holder) {
             holders.push((holder, t));
         }
     }
-    let expected = [(1, 50), (2, 250), (3, 650), (1, 1_250), (2, 1_450), (3, 1_850), (1, 2_450)];
+    let expected = [
+        (1, 50),
+        (2, 250),
+        (3, 650),
+        (1, 1_250),
+        (2, 1_450),
+        (3, 1_850),
+        (1, 2_450),
+    ];
     assert_eq!(&holders[..expected.len()], &expected);
+}
+
+#[test]
+fn a_multi_gpu_vgpu_is_compared_on_each_gpu_by_that_gpu_clock() {
+    // GPU 0 has had one busy vGPU for 30 s, GPU 1 two: their virtual clocks stand at 30 s and
+    // 15 s. A 2-GPU vGPU arriving then must rank by each GPU's own clock; lifted to the higher
+    // one everywhere, it would wait ~30 s on GPU 1 for the others to catch up.
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[1], 1, Priority::Normal);
+    n.bind(3, &[1], 1, Priority::Normal);
+    n.run(0, 30_000, |id, _| id != 9);
+    n.bind(9, &[0, 1], 1, Priority::Normal);
+    n.run(30_000, 60_000, |_, _| true);
+    let m = n.stats(9);
+    assert!(m.windows >= 20, "{} windows", m.windows);
+    assert!(
+        m.waits.max() < Duration::from_secs(2),
+        "waited {:?}",
+        m.waits.max()
+    );
 }
