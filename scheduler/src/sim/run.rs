@@ -1,0 +1,584 @@
+//! The event loop: replays a scenario against the real inventory and window scheduler.
+//!
+//! Virtual time jumps from event to event: the next activity sample, the scheduler's
+//! `next_due`, a container's start or stop, a change of some running container's demand, or the
+//! end. At each event the interval since the previous one is accounted first, then demand
+//! changes, stops, starts (one assignment batch per instant), the activity sample at sample
+//! ticks, and a decision whose freeze and thaw orders are applied to the simulated containers.
+//!
+//! Ground truth: the containers that run unfrozen with demand on a GPU share it evenly. It is
+//! accounted with per-GPU integrals over time (GPU time per user, busy time, fair share per unit
+//! of weight), advanced at every event in O(GPUs); a container reads the integrals of its GPUs
+//! when its own state changes. So an event costs O(GPUs + containers whose state changes), plus
+//! one `observe` per running container at sample ticks. Everything per container lives in plain
+//! vectors indexed by the container's position in the scenario; the container at position `p`
+//! is vGPU `VgpuId(p)`. Nothing is allocated per event.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use super::demand::{DemandCursor, SplitMix64};
+use super::report::{micros, priority_name, ContainerReport, GpuReport, Report};
+use super::scenario::Scenario;
+use super::timeline::Timeline;
+use crate::accounting::VgpuStats;
+use crate::inventory::{Gpu, Inventory, InventoryError};
+use crate::request::{Priority, VgpuRequest};
+use crate::windows::{Action, Binding, WindowScheduler};
+use crate::{GpuIndex, Instant, VgpuId};
+
+/// Replays `scenario` and reports what happened.
+pub fn run(scenario: &Scenario) -> Result<Report, InventoryError> {
+    Ok(Engine::new(scenario, None)?.run().0)
+}
+
+/// Replays `scenario`, recording `timeline` as well.
+pub fn run_with_timeline(
+    scenario: &Scenario,
+    timeline: Timeline,
+) -> Result<(Report, Timeline), InventoryError> {
+    let (report, timeline) = Engine::new(scenario, Some(timeline))?.run();
+    Ok((report, timeline.expect("a timeline was given")))
+}
+
+/// Where a container is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Running,
+    Done,
+    Rejected,
+}
+
+/// One simulated container's state and ground-truth tallies (nanoseconds).
+#[derive(Clone, Debug)]
+struct Container {
+    phase: Phase,
+    /// Its GPUs' positions.
+    gpus: Vec<usize>,
+    weight: u64,
+    class: usize,
+    /// Frozen by the scheduler's order (only while running).
+    frozen: bool,
+    /// Running with demand.
+    wants: bool,
+    /// Running, unfrozen, with demand: using its GPUs.
+    uses: bool,
+    /// It used its GPUs for some time since the previous sample.
+    worked: bool,
+    using_since: Instant,
+    wanting_since: Instant,
+    frozen_since: Instant,
+    /// Σ over its GPUs of the GPU-time integral when it started using them.
+    share_mark: f64,
+    /// Σ over its GPUs of the busy and fair integrals when it started wanting them.
+    busy_mark: f64,
+    fair_mark: f64,
+    /// GPU time received, summed over its GPUs.
+    gpu_time: f64,
+    /// Time with demand.
+    demand: f64,
+    /// Busy time of its GPUs, summed over them, while it had demand.
+    busy_while_demand: f64,
+    /// The fraction of its GPUs the scheduling rules promise it (see [`GpuLive::fair`]),
+    /// integrated over the time it had demand, summed over its GPUs.
+    fair: f64,
+    stats: Option<VgpuStats>,
+    rejected: Option<String>,
+}
+
+/// One GPU's state and integrals (nanoseconds).
+#[derive(Clone, Debug, Default)]
+struct GpuLive {
+    /// Containers using it.
+    running: u32,
+    /// Σ weights of the containers that want it, per class (high, normal, low).
+    wanting: [u64; 3],
+    /// `high` containers that want it.
+    wanting_high: u32,
+    /// ∫ 1/running dt while running > 0: the GPU time of each user.
+    share: f64,
+    /// ∫ dt while running > 0.
+    busy: f64,
+    /// ∫ of the fraction of the GPU the scheduling rules promise a container that wants it:
+    /// `high` containers are never frozen and split the GPU evenly among themselves; otherwise
+    /// the highest class that wants the GPU shares it by weight, and lower classes get nothing.
+    /// Per container for class 0 (high), per unit of weight for classes 1 and 2.
+    fair: [f64; 3],
+}
+
+impl GpuLive {
+    fn advance(&mut self, dt: f64) {
+        if self.running > 0 {
+            self.share += dt / f64::from(self.running);
+            self.busy += dt;
+        }
+        match self.wanting.iter().position(|&w| w > 0) {
+            Some(0) => self.fair[0] += dt / f64::from(self.wanting_high.max(1)),
+            Some(top) => self.fair[top] += dt / self.wanting[top] as f64,
+            None => {}
+        }
+    }
+}
+
+/// Priority class: 0 high, 1 normal, 2 low.
+fn class_of(priority: Priority) -> usize {
+    match priority {
+        Priority::High => 0,
+        Priority::Normal => 1,
+        Priority::Low => 2,
+    }
+}
+
+fn vgpu(c: usize) -> VgpuId {
+    VgpuId(c as u64)
+}
+
+struct Engine<'a> {
+    scenario: &'a Scenario,
+    inventory: Inventory,
+    scheduler: WindowScheduler,
+    containers: Vec<Container>,
+    demand: Vec<DemandCursor>,
+    gpus: Vec<GpuLive>,
+    /// Next demand change of each running container whose demand changes (stale entries, of
+    /// stopped containers, are skipped when they come up).
+    changes: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Container positions by start time, and the next one to start.
+    starts: Vec<usize>,
+    next_start: usize,
+    /// Container positions by stop time, and the next one to stop.
+    stops: Vec<usize>,
+    next_stop: usize,
+    last_sample: Instant,
+    /// Scratch for one assignment batch.
+    batch: Vec<(VgpuId, VgpuRequest)>,
+    timeline: Option<Timeline>,
+}
+
+impl<'a> Engine<'a> {
+    fn new(scenario: &'a Scenario, timeline: Option<Timeline>) -> Result<Self, InventoryError> {
+        let gpus: Vec<Gpu> = scenario
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| Gpu {
+                index: GpuIndex(i as u32),
+                uuid: format!("GPU-sim-{i}"),
+                model: spec.model.clone(),
+                memory: spec.memory,
+            })
+            .collect();
+        let indexes: Vec<GpuIndex> = gpus.iter().map(|g| g.index).collect();
+        let inventory = Inventory::new(gpus, scenario.scheduler.memory_overcommit)?;
+        let scheduler = WindowScheduler::new(indexes, &scenario.scheduler);
+        let n = scenario.containers.len();
+        let containers = scenario
+            .containers
+            .iter()
+            .map(|spec| Container {
+                phase: Phase::Pending,
+                gpus: Vec::new(),
+                weight: u64::from(spec.request.weight),
+                class: class_of(spec.request.priority),
+                frozen: false,
+                wants: false,
+                uses: false,
+                worked: false,
+                using_since: Instant::ZERO,
+                wanting_since: Instant::ZERO,
+                frozen_since: Instant::ZERO,
+                share_mark: 0.0,
+                busy_mark: 0.0,
+                fair_mark: 0.0,
+                gpu_time: 0.0,
+                demand: 0.0,
+                busy_while_demand: 0.0,
+                fair: 0.0,
+                stats: None,
+                rejected: None,
+            })
+            .collect();
+        let demand = scenario
+            .containers
+            .iter()
+            .enumerate()
+            .map(|(c, spec)| {
+                let rng = SplitMix64::for_container(scenario.seed, c);
+                DemandCursor::new(spec.demand, spec.start, rng)
+            })
+            .collect();
+        let mut starts: Vec<usize> = (0..n).collect();
+        starts.sort_by_key(|&c| (scenario.containers[c].start, c));
+        let mut stops: Vec<usize> = (0..n).collect();
+        stops.sort_by_key(|&c| (scenario.containers[c].stop, c));
+        Ok(Engine {
+            scenario,
+            inventory,
+            scheduler,
+            containers,
+            demand,
+            gpus: vec![GpuLive::default(); scenario.gpus.len()],
+            changes: BinaryHeap::with_capacity(n),
+            starts,
+            next_start: 0,
+            stops,
+            next_stop: 0,
+            last_sample: Instant::ZERO,
+            batch: Vec::new(),
+            timeline,
+        })
+    }
+
+    fn run(mut self) -> (Report, Option<Timeline>) {
+        let end = Instant::from_duration(self.scenario.duration);
+        let interval = self.scenario.sample_interval;
+        let mut now = Instant::ZERO;
+        let mut next_sample = Instant::ZERO + interval;
+        let mut due: Option<Instant> = None;
+        loop {
+            self.demand_changes(now);
+            if now == end {
+                break;
+            }
+            let mut changed = self.stop_due(now);
+            changed |= self.start_due(now);
+            let sample = now == next_sample;
+            if sample {
+                self.sample(now);
+                next_sample = now + interval;
+            }
+            if sample || changed || due.is_some_and(|d| d <= now) {
+                due = self.decide(now);
+            }
+            let next = self.next_event(now, end, next_sample, due);
+            let dt = (next - now).as_nanos() as f64;
+            for gpu in &mut self.gpus {
+                gpu.advance(dt);
+            }
+            now = next;
+        }
+        for c in 0..self.containers.len() {
+            if self.containers[c].phase == Phase::Running {
+                self.stop(c, end);
+            }
+        }
+        (self.report(), self.timeline)
+    }
+
+    /// The earliest event after `now`.
+    fn next_event(
+        &self,
+        now: Instant,
+        end: Instant,
+        next_sample: Instant,
+        due: Option<Instant>,
+    ) -> Instant {
+        let mut next = end.min(next_sample);
+        // A decision due at or before now was just taken: only a later one counts.
+        if let Some(due) = due.filter(|&d| d > now) {
+            next = next.min(due);
+        }
+        if let Some(&c) = self.starts.get(self.next_start) {
+            next = next.min(self.scenario.containers[c].start);
+        }
+        if let Some(&c) = self.stops.get(self.next_stop) {
+            next = next.min(self.scenario.containers[c].stop);
+        }
+        if let Some(Reverse((at, _))) = self.changes.peek() {
+            next = next.min(*at);
+        }
+        next
+    }
+
+    /// Applies the demand changes due at `now`.
+    fn demand_changes(&mut self, now: Instant) {
+        while let Some(&Reverse((at, c))) = self.changes.peek() {
+            if at > now {
+                break;
+            }
+            self.changes.pop();
+            if self.containers[c].phase != Phase::Running {
+                continue;
+            }
+            self.demand[c].advance(now);
+            if let Some(next) = self.demand[c].next_change() {
+                self.changes.push(Reverse((next, c)));
+            }
+            self.refresh(c, now);
+        }
+    }
+
+    /// Brings container `c`'s wanting, using and frozen periods, and its GPUs' counts, in line
+    /// with its phase, demand and freezer state at `now`.
+    fn refresh(&mut self, c: usize, now: Instant) {
+        let running = self.containers[c].phase == Phase::Running;
+        let wants = running && self.demand[c].is_on();
+        let frozen = running && self.containers[c].frozen;
+        let uses = wants && !frozen;
+        let container = &mut self.containers[c];
+        let gpus = &mut self.gpus;
+        let share_sum = |gpus: &[GpuLive], own: &[usize]| own.iter().map(|&g| gpus[g].share).sum();
+        let busy_sum = |gpus: &[GpuLive], own: &[usize]| own.iter().map(|&g| gpus[g].busy).sum();
+        let fair_sum = |gpus: &[GpuLive], own: &[usize], class: usize, weight: u64| -> f64 {
+            let per = if class == 0 { 1.0 } else { weight as f64 };
+            own.iter().map(|&g| gpus[g].fair[class] * per).sum()
+        };
+
+        if uses != container.uses {
+            if uses {
+                container.using_since = now;
+                container.share_mark = share_sum(gpus, &container.gpus);
+            } else {
+                container.gpu_time += share_sum(gpus, &container.gpus) - container.share_mark;
+                if now > container.using_since.max(self.last_sample) {
+                    container.worked = true;
+                }
+                if let Some(timeline) = &mut self.timeline {
+                    timeline.record(c, container.using_since, now, true, false);
+                }
+            }
+            for &g in &container.gpus {
+                if uses {
+                    gpus[g].running += 1;
+                } else {
+                    gpus[g].running -= 1;
+                }
+            }
+            container.uses = uses;
+        }
+        if wants != container.wants {
+            if wants {
+                container.wanting_since = now;
+                container.busy_mark = busy_sum(gpus, &container.gpus);
+                container.fair_mark =
+                    fair_sum(gpus, &container.gpus, container.class, container.weight);
+            } else {
+                container.demand += (now - container.wanting_since).as_nanos() as f64;
+                container.busy_while_demand +=
+                    busy_sum(gpus, &container.gpus) - container.busy_mark;
+                container.fair +=
+                    fair_sum(gpus, &container.gpus, container.class, container.weight)
+                        - container.fair_mark;
+            }
+            for &g in &container.gpus {
+                let gpu = &mut gpus[g];
+                if wants {
+                    gpu.wanting[container.class] += container.weight;
+                    gpu.wanting_high += u32::from(container.class == 0);
+                } else {
+                    gpu.wanting[container.class] -= container.weight;
+                    gpu.wanting_high -= u32::from(container.class == 0);
+                }
+            }
+            container.wants = wants;
+        }
+        let was_frozen = container.frozen_since != Instant::from_nanos(u64::MAX);
+        if frozen != was_frozen {
+            if frozen {
+                container.frozen_since = now;
+            } else {
+                if let Some(timeline) = &mut self.timeline {
+                    timeline.record(c, container.frozen_since, now, false, true);
+                }
+                container.frozen_since = Instant::from_nanos(u64::MAX);
+            }
+        }
+    }
+
+    /// Stops the containers whose stop time is `now`; whether any stopped.
+    fn stop_due(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(&c) = self.stops.get(self.next_stop) {
+            if self.scenario.containers[c].stop > now {
+                break;
+            }
+            self.next_stop += 1;
+            if self.containers[c].phase == Phase::Running {
+                self.stop(c, now);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Unbinds and releases a running container, keeping its statistics with its open wait
+    /// closed at `now` (as the scheduler closes it when it unbinds).
+    fn stop(&mut self, c: usize, now: Instant) {
+        let id = vgpu(c);
+        if let Some(view) = self.scheduler.vgpu(id) {
+            let mut stats = view.stats;
+            if let Some(since) = view.waiting_since {
+                let wait = now - since;
+                stats.wait_time += wait;
+                stats.waits.record(wait);
+            }
+            self.containers[c].stats = Some(stats);
+        }
+        self.scheduler.unbind(id, now);
+        self.inventory.release(id);
+        self.containers[c].phase = Phase::Done;
+        self.containers[c].frozen = false;
+        self.refresh(c, now);
+    }
+
+    /// Starts the containers whose start time is `now`, as one assignment batch; whether any
+    /// started or was rejected.
+    fn start_due(&mut self, now: Instant) -> bool {
+        let first = self.next_start;
+        while let Some(&c) = self.starts.get(self.next_start) {
+            if self.scenario.containers[c].start > now {
+                break;
+            }
+            self.next_start += 1;
+        }
+        if first == self.next_start {
+            return false;
+        }
+        self.batch.clear();
+        for &c in &self.starts[first..self.next_start] {
+            let request = self.scenario.containers[c].request.clone();
+            self.batch.push((vgpu(c), request));
+        }
+        let policy = self.scenario.scheduler.policy;
+        let scheduler = &self.scheduler;
+        let results = self
+            .inventory
+            .assign_batch(&self.batch, policy, |g| scheduler.gpu_has_work(g));
+        for (i, result) in results.into_iter().enumerate() {
+            let c = self.starts[first + i];
+            let assignment = match result {
+                Ok(assignment) => assignment,
+                Err(e) => {
+                    self.reject(c, e.to_string());
+                    continue;
+                }
+            };
+            let request = &self.scenario.containers[c].request;
+            let binding = Binding {
+                gpus: assignment.gpus.clone(),
+                weight: request.weight,
+                priority: request.priority,
+            };
+            if let Err(e) = self.scheduler.bind(vgpu(c), binding, now) {
+                self.inventory.release(vgpu(c));
+                self.reject(c, e.to_string());
+                continue;
+            }
+            let container = &mut self.containers[c];
+            container.gpus = assignment.gpus.iter().map(|g| g.0 as usize).collect();
+            container.phase = Phase::Running;
+            container.frozen_since = Instant::from_nanos(u64::MAX);
+            if let Some(next) = self.demand[c].next_change() {
+                self.changes.push(Reverse((next, c)));
+            }
+            self.refresh(c, now);
+        }
+        true
+    }
+
+    fn reject(&mut self, c: usize, why: String) {
+        self.containers[c].phase = Phase::Rejected;
+        self.containers[c].rejected = Some(why);
+    }
+
+    /// The activity sample: every running container says whether it worked since the previous
+    /// sample.
+    fn sample(&mut self, now: Instant) {
+        for (c, container) in self.containers.iter_mut().enumerate() {
+            if container.phase != Phase::Running {
+                continue;
+            }
+            let worked = container.worked
+                || (container.uses && now > container.using_since.max(self.last_sample));
+            self.scheduler.observe(vgpu(c), worked, now);
+            container.worked = false;
+        }
+        self.last_sample = now;
+    }
+
+    /// Asks the scheduler who runs now and applies its orders; returns its `next_due`.
+    fn decide(&mut self, now: Instant) -> Option<Instant> {
+        let decision = self.scheduler.decide(now);
+        for &action in &decision.actions {
+            let (id, frozen) = match action {
+                Action::Freeze(id) => (id, true),
+                Action::Thaw(id) => (id, false),
+            };
+            let c = id.0 as usize;
+            if let Some(container) = self.containers.get_mut(c) {
+                container.frozen = frozen;
+                self.refresh(c, now);
+            }
+        }
+        decision.next_due
+    }
+
+    fn report(&self) -> Report {
+        let secs = |nanos: f64| micros(nanos / 1e9);
+        let dur = |d: Duration| micros(d.as_secs_f64());
+        let containers = self
+            .scenario
+            .containers
+            .iter()
+            .zip(&self.containers)
+            .map(|(spec, c)| {
+                let stats = c.stats.as_ref();
+                let had_demand = c.demand > 0.0;
+                let ran = |value: f64| stats.map(|_| value);
+                let span = c.demand * c.gpus.len() as f64;
+                ContainerReport {
+                    name: spec.name.clone(),
+                    gpus: c.gpus.iter().map(|&g| g as u32).collect(),
+                    weight: spec.request.weight,
+                    priority: priority_name(spec.request.priority),
+                    gpu_seconds: ran(secs(c.gpu_time)),
+                    demand_seconds: ran(secs(c.demand)),
+                    share: stats.and(had_demand.then(|| {
+                        if c.busy_while_demand > 0.0 {
+                            micros(c.gpu_time / c.busy_while_demand)
+                        } else {
+                            0.0
+                        }
+                    })),
+                    wait_seconds: stats.map(|s| dur(s.wait_time)),
+                    wait_p50: stats.map(|s| dur(s.waits.quantile(0.50))),
+                    wait_p95: stats.map(|s| dur(s.waits.quantile(0.95))),
+                    wait_p99: stats.map(|s| dur(s.waits.quantile(0.99))),
+                    max_wait: stats.map(|s| dur(s.waits.max())),
+                    windows: stats.map(|s| s.windows),
+                    rejected: c.rejected.clone(),
+                    fair_share: stats.and(had_demand.then(|| micros(c.fair / span))),
+                }
+            })
+            .collect();
+        let duration = self.scenario.duration.as_nanos() as f64;
+        let gpus = self
+            .scenario
+            .gpus
+            .iter()
+            .zip(&self.gpus)
+            .enumerate()
+            .map(|(g, (spec, live))| GpuReport {
+                index: g as u32,
+                model: spec.model.clone(),
+                busy_fraction: micros(live.busy / duration),
+                switches: self
+                    .scheduler
+                    .gpu(GpuIndex(g as u32))
+                    .map_or(0, |view| view.stats.switches),
+            })
+            .collect();
+        Report {
+            duration: dur(self.scenario.duration),
+            seed: self.scenario.seed,
+            containers,
+            gpus,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;
