@@ -132,7 +132,10 @@ mod tests {
         }
         for (q, exact_ms) in [(0.5, 500.0), (0.95, 950.0), (0.99, 990.0)] {
             let got = h.quantile(q).as_secs_f64() * 1000.0;
-            assert!((got - exact_ms).abs() / exact_ms < 0.03, "q{q}: {got} vs {exact_ms}");
+            assert!(
+                (got - exact_ms).abs() / exact_ms < 0.03,
+                "q{q}: {got} vs {exact_ms}"
+            );
         }
         assert_eq!(h.max(), Duration::from_millis(1000));
         assert_eq!(h.quantile(1.0), Duration::from_millis(1000));

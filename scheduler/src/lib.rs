@@ -75,7 +75,15 @@ mod tests {
         let id = VgpuId(42);
         assert_eq!(id.to_string(), "vgpu-42");
         assert_eq!("vgpu-42".parse(), Ok(id));
-        for bad in ["", "vgpu-", "vgpu-x", "42", "vgpu--1", "vgpu-+1", "vgpu-99999999999999999999"] {
+        for bad in [
+            "",
+            "vgpu-",
+            "vgpu-x",
+            "42",
+            "vgpu--1",
+            "vgpu-+1",
+            "vgpu-99999999999999999999",
+        ] {
             assert!(bad.parse::<VgpuId>().is_err(), "{bad}");
         }
     }

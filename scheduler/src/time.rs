@@ -184,15 +184,29 @@ mod tests {
             ("0s", 0),
         ];
         for (text, nanos) in cases {
-            assert_eq!(parse_duration(text), Ok(Duration::from_nanos(nanos)), "{text}");
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_nanos(nanos)),
+                "{text}"
+            );
         }
     }
 
     #[test]
     fn rejects_what_is_not_a_duration() {
         for text in [
-            "", "200", "ms", "-1s", "1.2.3s", "1 sec", "1e3ms", "s1", "1.s.", "99999999999h",
-            "1..5s", ".s",
+            "",
+            "200",
+            "ms",
+            "-1s",
+            "1.2.3s",
+            "1 sec",
+            "1e3ms",
+            "s1",
+            "1.s.",
+            "99999999999h",
+            "1..5s",
+            ".s",
         ] {
             let e = parse_duration(text).unwrap_err();
             assert_eq!(e.value, text);
@@ -212,7 +226,10 @@ mod tests {
     #[test]
     fn instant_arithmetic_saturates() {
         let a = Instant::from_nanos(5);
-        assert_eq!(a + Duration::from_nanos(u64::MAX), Instant::from_nanos(u64::MAX));
+        assert_eq!(
+            a + Duration::from_nanos(u64::MAX),
+            Instant::from_nanos(u64::MAX)
+        );
         assert_eq!(Instant::ZERO - a, Duration::ZERO);
         assert_eq!(a - Instant::ZERO, Duration::from_nanos(5));
         assert_eq!(Instant::from_duration(Duration::MAX).as_nanos(), u64::MAX);

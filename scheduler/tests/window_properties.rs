@@ -86,7 +86,9 @@ impl Node {
     }
 
     fn running_with_demand(&self, i: usize, t: u64) -> bool {
-        self.bound.contains(&(i as u64)) && !self.frozen.contains(&(i as u64)) && self.specs[i].demand(t)
+        self.bound.contains(&(i as u64))
+            && !self.frozen.contains(&(i as u64))
+            && self.specs[i].demand(t)
     }
 
     /// Ground truth over [self.now, t): who used which GPU.
@@ -94,7 +96,9 @@ impl Node {
         let gpus: BTreeSet<u32> = self.specs.iter().flat_map(|s| s.gpus.clone()).collect();
         for g in gpus {
             let users: Vec<usize> = (0..self.specs.len())
-                .filter(|&i| self.specs[i].gpus.contains(&g) && self.running_with_demand(i, self.now))
+                .filter(|&i| {
+                    self.specs[i].gpus.contains(&g) && self.running_with_demand(i, self.now)
+                })
                 .collect();
             for &i in &users {
                 self.used[i] += (t - self.now) as f64 / users.len() as f64;
@@ -166,7 +170,9 @@ impl Node {
             }
             // A sample shows work when the vGPU ran with demand since the previous sample.
             let worked = !self.frozen.contains(&id)
-                && (t.saturating_sub(SAMPLE_MS)..t).step_by(10).any(|x| self.specs[i].demand(x.max(self.specs[i].start)));
+                && (t.saturating_sub(SAMPLE_MS)..t)
+                    .step_by(10)
+                    .any(|x| self.specs[i].demand(x.max(self.specs[i].start)));
             if worked {
                 self.last_work.insert(id, t);
             }
@@ -199,10 +205,20 @@ impl Node {
             assert_eq!(frozen, self.frozen.contains(&id), "vgpu {id} state at {t}");
             if frozen {
                 assert!(view.has_work, "vgpu {id} frozen without work at {t}");
-                assert_ne!(view.binding.priority, Priority::High, "high vgpu {id} frozen at {t}");
+                assert_ne!(
+                    view.binding.priority,
+                    Priority::High,
+                    "high vgpu {id} frozen at {t}"
+                );
             }
             let others_with_work = views.iter().any(|(&o, ov)| {
-                o != id && ov.has_work && ov.binding.gpus.iter().any(|g| view.binding.gpus.contains(g))
+                o != id
+                    && ov.has_work
+                    && ov
+                        .binding
+                        .gpus
+                        .iter()
+                        .any(|g| view.binding.gpus.contains(g))
             });
             if view.has_work && !others_with_work {
                 assert!(!frozen, "vgpu {id} alone with work but frozen at {t}");
@@ -210,11 +226,18 @@ impl Node {
             if view.has_work && !frozen && view.binding.priority != Priority::High {
                 for g in &view.binding.gpus {
                     let holder = self.s.gpu(*g).unwrap().holder;
-                    assert_eq!(holder, Some(VgpuId(id)), "vgpu {id} runs on GPU {g} without holding it at {t}");
+                    assert_eq!(
+                        holder,
+                        Some(VgpuId(id)),
+                        "vgpu {id} runs on GPU {g} without holding it at {t}"
+                    );
                 }
             }
         }
-        let gpus: BTreeSet<GpuIndex> = views.values().flat_map(|v| v.binding.gpus.clone()).collect();
+        let gpus: BTreeSet<GpuIndex> = views
+            .values()
+            .flat_map(|v| v.binding.gpus.clone())
+            .collect();
         for g in gpus {
             let running: Vec<u64> = views
                 .iter()
@@ -226,7 +249,10 @@ impl Node {
                 })
                 .map(|(&id, _)| id)
                 .collect();
-            assert!(running.len() <= 1, "GPU {g} runs {running:?} at once at {t}");
+            assert!(
+                running.len() <= 1,
+                "GPU {g} runs {running:?} at once at {t}"
+            );
         }
     }
 }

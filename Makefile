@@ -1,0 +1,46 @@
+# gpuplex: build, test, demo, bench, install.
+#
+#   make demo   the simulator replays three busy containers (weights 1, 2, 3) sharing one GPU
+#               and draws their execution windows (the container demo replaces it once the
+#               node service and the podman hook land)
+#   make test   what CI runs: format check, clippy with warnings as errors, every test
+#   make bench  criterion benchmarks of the scheduler core (docs/benchmarks.md)
+
+CARGO  ?= cargo
+PREFIX ?= /usr/local
+DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
+
+.PHONY: all build demo test fmt-check clippy bench install
+
+all: build
+
+build:
+	$(CARGO) build --release --workspace --locked
+
+demo: build
+	@echo "gpuplex demo: the scheduler core, simulated (no container, no GPU is touched)."
+	@echo "Scenario: $(DEMO_SCENARIO)"
+	@echo
+	./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO)
+
+test: fmt-check clippy
+	$(CARGO) test --workspace --locked
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+bench:
+	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
+
+# Installs what exists today: the simulator, and the documented configuration (never over an
+# existing one).
+install: build
+	install -D -m 0755 target/release/gpuplex-sim $(DESTDIR)$(PREFIX)/bin/gpuplex-sim
+	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
+		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \
+	else \
+		install -D -m 0644 config/gpuplex.toml $(DESTDIR)/etc/gpuplex/gpuplex.toml; \
+	fi
