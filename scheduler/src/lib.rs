@@ -10,6 +10,46 @@
 //!
 //! The crate does no I/O, starts no thread and reads no clock: time is an [`Instant`] passed in,
 //! state is a value the caller owns. The node service, the hook and the shim only call it.
+//!
+//! The whole path of one container, as the node service drives it:
+//!
+//! ```
+//! use std::time::Duration;
+//! use gpuplex_scheduler::config::SchedulerConfig;
+//! use gpuplex_scheduler::inventory::{Gpu, Inventory};
+//! use gpuplex_scheduler::request::VgpuRequest;
+//! use gpuplex_scheduler::windows::{Action, Binding, WindowScheduler};
+//! use gpuplex_scheduler::{GpuIndex, Instant, VgpuId};
+//!
+//! let config = SchedulerConfig::default();
+//! let gpu = Gpu { index: GpuIndex(0), uuid: "GPU-0".into(), model: "NVIDIA A100-SXM4-40GB".into(), memory: 40 << 30 };
+//! let mut inventory = Inventory::new(vec![gpu], config.memory_overcommit).unwrap();
+//! let mut windows = WindowScheduler::new([GpuIndex(0)], &config);
+//! let now = Instant::ZERO;
+//!
+//! // Two containers ask for 8 GiB each; the second weighs twice as much.
+//! for (id, weight) in [(1, "1"), (2, "2")] {
+//!     let annotations = [("gpuplex.io/gpu-memory", "8Gi"), ("gpuplex.io/weight", weight)];
+//!     let request = VgpuRequest::from_annotations(annotations).unwrap().expect("asks for a vGPU");
+//!     let assignment = inventory
+//!         .assign(VgpuId(id), &request, config.policy, |g| windows.gpu_has_work(g))
+//!         .unwrap();
+//!     let binding = Binding { gpus: assignment.gpus, weight: request.weight, priority: request.priority };
+//!     windows.bind(VgpuId(id), binding, now).unwrap();
+//! }
+//! assert_eq!(inventory.unreserved(GpuIndex(0)), 24 << 30);
+//!
+//! // Both show work: one runs, the other is frozen until the window ends.
+//! let now = now + Duration::from_millis(50);
+//! windows.observe(VgpuId(1), true, now);
+//! windows.observe(VgpuId(2), true, now);
+//! let decision = windows.decide(now);
+//! assert_eq!(decision.actions, [Action::Freeze(VgpuId(2))]);
+//! assert_eq!(decision.next_due, Some(now + Duration::from_millis(100)), "unless 1 shows work again");
+//!
+//! // A container without gpuplex annotations asks for nothing.
+//! assert_eq!(VgpuRequest::from_annotations([("io.kubernetes.pod.name", "web")]), Ok(None));
+//! ```
 
 #![deny(missing_docs)]
 
