@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::inventory::AssignmentPolicy;
 use crate::time::format_duration;
+use crate::toml_place::TomlPlace;
 
 /// The scheduler's settings (`[scheduler]` in `gpuplex.toml`).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -138,13 +139,8 @@ impl SchedulerConfig {
             scheduler: SchedulerConfig,
         }
         let document: Document = toml::from_str(text).map_err(|e| {
-            let span = e.span();
-            let message = e.message().trim_end().replace('\n', "; ");
-            ConfigError::Toml {
-                line: span.as_ref().map(|s| line_of(text, s.start)),
-                key: span.and_then(|s| key_at(text, s.start)),
-                message,
-            }
+            let TomlPlace { line, key, message } = TomlPlace::of(text, &e);
+            ConfigError::Toml { line, key, message }
         })?;
         document.scheduler.validate()?;
         Ok(document.scheduler)
@@ -159,57 +155,6 @@ fn toml_float(x: f64) -> String {
         if x > 0.0 { "inf" } else { "-inf" }.to_string()
     } else {
         format!("{x:?}")
-    }
-}
-
-/// The line (from 1) of a byte offset.
-fn line_of(text: &str, offset: usize) -> usize {
-    let offset = offset.min(text.len());
-    text.as_bytes()[..offset]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
-/// The key path at a byte offset, read from the nearest table header above it and the key of its
-/// line: `scheduler.slice`. A best effort for the plain `key = value` layout; `None` when the
-/// line has no key or the text around it is not that simple.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let offset = offset.min(text.len());
-    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line = text[start..].lines().next().unwrap_or("");
-    let simple = |k: &str| {
-        !k.is_empty()
-            && k.split('.').all(|part| {
-                let part = part.trim();
-                !part.is_empty()
-                    && part
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            })
-    };
-    let normal = |k: &str| k.split('.').map(str::trim).collect::<Vec<_>>().join(".");
-    let header = |l: &str| {
-        let l = l.trim();
-        let inner = l.strip_prefix("[[").and_then(|r| r.split("]]").next());
-        let inner = inner.or_else(|| l.strip_prefix('[').and_then(|r| r.split(']').next()));
-        inner.filter(|k| simple(k)).map(normal)
-    };
-    if line.trim_start().starts_with('[') {
-        return header(line);
-    }
-    let (key, _) = line.split_once('=')?;
-    if !simple(key.trim()) {
-        return None;
-    }
-    let table = text[..start]
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('['));
-    match table {
-        Some(l) => Some(format!("{}.{}", header(l)?, normal(key))),
-        None => Some(normal(key)),
     }
 }
 
@@ -371,18 +316,5 @@ mod tests {
             );
             assert!(!message.contains('\n'), "{message}");
         }
-    }
-
-    #[test]
-    fn key_paths_are_found_in_plain_layouts() {
-        let text = "top = 1\n[a.b]\nc = 2\n[[d]]\n e . f = 3\n";
-        let at = |needle: &str| key_at(text, text.find(needle).unwrap());
-        assert_eq!(at("1"), Some("top".into()));
-        assert_eq!(at("a.b"), Some("a.b".into()));
-        assert_eq!(at("2"), Some("a.b.c".into()));
-        assert_eq!(at("3"), Some("d.e.f".into()));
-        assert_eq!(key_at("x = \"a\nb\"", 7), None);
-        assert_eq!(line_of("a\nb\nc", 4), 3);
-        assert_eq!(line_of("a", 99), 1);
     }
 }

@@ -32,6 +32,7 @@ use crate::config::SchedulerConfig;
 use crate::quantity::parse_quantity;
 use crate::request::VgpuRequest;
 use crate::time::{format_duration, parse_duration};
+use crate::toml_place::TomlPlace;
 use crate::Instant;
 
 /// How often the node service samples activity unless told otherwise.
@@ -144,12 +145,11 @@ impl Scenario {
             message,
         };
         let raw: RawScenario = toml::from_str(text).map_err(|e| {
-            let message = e.message().trim_end().replace('\n', "; ");
-            let span = e.span();
+            let TomlPlace { line, key, message } = TomlPlace::of(text, &e);
             ScenarioError {
                 origin: origin.to_string(),
-                line: span.as_ref().map(|span| line_of(text, span.start)),
-                message: match span.and_then(|span| key_at(text, span.start)) {
+                line,
+                message: match key {
                     Some(key) if !message.contains(&format!("`{}`", last_segment(&key))) => {
                         format!("{key}: {message}")
                     }
@@ -229,44 +229,6 @@ impl Scenario {
             gpus,
             containers,
         })
-    }
-}
-
-/// The 1-based line holding byte `offset` of `text`.
-fn line_of(text: &str, offset: usize) -> usize {
-    let offset = offset.min(text.len());
-    text.as_bytes()[..offset]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
-/// The key path of the `key = value` line holding byte `offset`, under the nearest table header
-/// above it (`scheduler.slice`, `container.demand`); `None` for any other line.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let offset = offset.min(text.len());
-    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line = text[start..].lines().next().unwrap_or("");
-    let key = line.split_once('=')?.0.trim();
-    let bare = |k: &str| {
-        !k.is_empty()
-            && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    };
-    if !bare(key) {
-        return None;
-    }
-    let table = text[..start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
-    match table {
-        Some(table) if bare(table) => Some(format!("{table}.{key}")),
-        Some(_) => None,
-        None => Some(key.to_string()),
     }
 }
 

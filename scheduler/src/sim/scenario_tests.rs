@@ -252,22 +252,7 @@ fn needs_gpus_and_containers() {
 }
 
 #[test]
-fn keys_are_found_under_their_table() {
-    let text =
-        "a = 1\n[scheduler]\nslice = 2\n[[container]]\n  demand = { on = 1 }\n[x y]\nk = 1\n";
-    let at = |needle: &str| key_at(text, text.find(needle).unwrap());
-    assert_eq!(at("a ="), Some("a".into()));
-    assert_eq!(at("2"), Some("scheduler.slice".into()));
-    assert_eq!(at("{ on"), Some("container.demand".into()));
-    assert_eq!(at("[scheduler]"), None);
-    assert_eq!(at("k ="), None);
+fn durations_show_in_seconds_from_one_second() {
     assert_eq!(show(Duration::from_millis(61_500)), "61.5s");
     assert_eq!(show(Duration::from_millis(200)), "200ms");
-}
-
-#[test]
-fn line_numbers_count_from_one() {
-    assert_eq!(line_of("a\nb\nc", 0), 1);
-    assert_eq!(line_of("a\nb\nc", 2), 2);
-    assert_eq!(line_of("a\nb\nc", 99), 3);
 }
