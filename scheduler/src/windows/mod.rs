@@ -30,8 +30,9 @@
 //! is read as the latest one seen). Nothing here panics on any sequence of calls.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
+
+use state::{end_wait, BuildVgpuHasher, GpuState, VgpuState, VirtualTime};
 
 use crate::accounting::{GpuStats, VgpuStats};
 use crate::config::SchedulerConfig;
@@ -124,10 +125,6 @@ pub struct GpuView {
     pub stats: GpuStats,
 }
 
-/// Virtual time is GPU nanoseconds × `VIRTUAL_SCALE` / weight, in integers, so that ordering is
-/// exact and reproducible.
-const VIRTUAL_SCALE: u128 = 1 << 20;
-
 /// The per-node execution-window scheduler.
 #[derive(Clone, Debug)]
 pub struct WindowScheduler {
@@ -142,88 +139,6 @@ pub struct WindowScheduler {
     queue_seq: u64,
     /// Scratch space for candidate ranking, kept to avoid allocating per decision.
     candidates: Vec<(u128, u64, VgpuId)>,
-}
-
-#[derive(Clone, Debug)]
-struct GpuState {
-    index: GpuIndex,
-    bound: Vec<VgpuId>,
-    /// The bound vGPUs that have work (any priority), frozen ones included.
-    with_work: Vec<VgpuId>,
-    holder: Option<VgpuId>,
-    last_holder: Option<VgpuId>,
-    reserved_for: Option<VgpuId>,
-    /// The holder's window is lent: the GPU is reserved for a multi-GPU vGPU that is still
-    /// waiting for its other GPUs, and the window ends as soon as that one can start.
-    lent: bool,
-    /// Set during `decide`: a `high` vGPU here has work.
-    high_busy: bool,
-    /// For the `normal` and the `low` class: the virtual time of the last vGPU of that class
-    /// that had work here, where a vGPU getting work while none of its class has any starts.
-    floor: [u128; 2],
-    stats: GpuStats,
-}
-
-#[derive(Clone, Debug)]
-struct VgpuState {
-    binding: Binding,
-    /// Positions of its GPUs in `WindowScheduler::gpus`.
-    positions: Vec<usize>,
-    frozen: bool,
-    has_work: bool,
-    last_work: Instant,
-    window_end: Option<Instant>,
-    /// When its last window ended (a window granted again at that instant is an extension).
-    window_ended_at: Option<Instant>,
-    queued: u64,
-    waiting_since: Option<Instant>,
-    /// Its virtual time on each of its GPUs, parallel to `positions`. Each GPU keeps its own
-    /// clock: a multi-GPU vGPU is compared on each GPU with the vGPUs there, by the time it
-    /// received there.
-    virtual_times: Vec<VirtualTime>,
-    stats: VgpuStats,
-}
-
-/// GPU time received on one GPU divided by weight (scaled by `VIRTUAL_SCALE`).
-#[derive(Clone, Copy, Debug, Default)]
-struct VirtualTime {
-    time: u128,
-    /// What the integer division left over, carried so that time accrued in many small steps
-    /// adds up exactly (three 200 ms steps at weight 3 equal one 600 ms).
-    remainder: u128,
-}
-
-impl VirtualTime {
-    fn accrue(&mut self, span: Duration, weight: u32) {
-        let weight = u128::from(weight);
-        let scaled = span.as_nanos() * VIRTUAL_SCALE + self.remainder;
-        self.time += scaled / weight;
-        self.remainder = scaled % weight;
-    }
-
-    fn lift_to(&mut self, floor: u128) {
-        if floor > self.time {
-            self.time = floor;
-            self.remainder = 0;
-        }
-    }
-}
-
-impl VgpuState {
-    /// Its virtual time on the GPU at position `p` (one of its own).
-    fn virtual_time(&self, p: usize) -> u128 {
-        self.positions
-            .iter()
-            .position(|&q| q == p)
-            .map_or(0, |i| self.virtual_times[i].time)
-    }
-
-    fn class(&self) -> usize {
-        match self.binding.priority {
-            Priority::Low => 1,
-            _ => 0,
-        }
-    }
 }
 
 impl WindowScheduler {
@@ -785,42 +700,6 @@ impl WindowScheduler {
     }
 }
 
-fn end_wait(state: &mut VgpuState, now: Instant) {
-    if let Some(since) = state.waiting_since.take() {
-        let wait = now.saturating_since(since);
-        state.stats.wait_time += wait;
-        state.stats.waits.record(wait);
-    }
-}
-
-/// vGPU ids are small unique integers: a multiplicative hash is enough and keeps lookups cheap on
-/// the decision path.
-#[derive(Clone, Copy, Debug, Default)]
-struct BuildVgpuHasher;
-
-impl BuildHasher for BuildVgpuHasher {
-    type Hasher = VgpuHasher;
-    fn build_hasher(&self) -> VgpuHasher {
-        VgpuHasher(0)
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct VgpuHasher(u64);
-
-impl Hasher for VgpuHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
+mod state;
 #[cfg(test)]
 mod tests;
