@@ -12,10 +12,12 @@
 //!   gets work). A vGPU with work alone on all of its GPUs is always granted at once.
 //! - **Who is next.** The vGPU with the least *virtual time* on that GPU: the GPU time it
 //!   received there divided by its weight. Each GPU keeps its own clock, so a multi-GPU vGPU is
-//!   ranked on each GPU against the vGPUs there. A vGPU that gets work is lifted, on each of its
-//!   GPUs, to the least virtual time of those with work there (or, where none has, to where the
-//!   last one left off), so time spent idle is not banked against the others; shares of
-//!   continuously busy vGPUs converge to their weights. Ties go to the one queued first.
+//!   ranked on each GPU against the vGPUs there. Each GPU also keeps a *virtual clock* per class,
+//!   which moves at 1 / (sum of the weights with work): the virtual time a vGPU would have if the
+//!   GPU were shared continuously by weight. A vGPU that gets work is lifted to that clock on
+//!   each of its GPUs (never lowered), so time spent idle is not banked against the others and a
+//!   newcomer queues behind those the GPU already owes; shares of continuously busy vGPUs
+//!   converge to their weights. Ties go to the one queued first.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
 //!   every one of them, it reserves them, so it waits at most for the longest window in progress
 //!   on its GPUs. Meanwhile a reserved GPU whose window ends is *lent* to the next single-GPU
@@ -161,7 +163,7 @@ impl WindowScheduler {
                     reserved_for: None,
                     lent: false,
                     high_busy: false,
-                    floor: [0; 2],
+                    clock: [VirtualTime::default(); 2],
                     stats: GpuStats::default(),
                 })
                 .collect(),
@@ -342,6 +344,21 @@ impl WindowScheduler {
         let start = self.clock;
         let grace = self.idle_grace;
         for (p, gpu) in self.gpus.iter_mut().enumerate() {
+            // The GPU's virtual clock for the class it serves moves at 1 / (sum of the weights
+            // with work): the virtual time a vGPU with work would reach if the GPU were shared
+            // continuously by weight.
+            let mut weights = [0u32; 2];
+            for v in &gpu.with_work {
+                let state = &self.vgpus[v];
+                if state.binding.priority != Priority::High {
+                    weights[state.class()] += state.binding.weight;
+                }
+            }
+            if !gpu.high_busy {
+                if let Some(class) = weights.iter().position(|&w| w > 0) {
+                    gpu.clock[class].accrue(now.saturating_since(start), weights[class]);
+                }
+            }
             let running = gpu
                 .with_work
                 .iter()
@@ -371,45 +388,29 @@ impl WindowScheduler {
         now
     }
 
-    /// A vGPU starts having work: lift it to the least virtual time of those with work on its
-    /// GPUs (or, where none has, to where the last one left off), and queue it.
+    /// A vGPU starts having work: lift it to its GPUs' virtual clocks and queue it.
     fn start_work(&mut self, vgpu: VgpuId) {
         let queued = self.next_queue_position();
         let state = &self.vgpus[&vgpu];
         let class = state.class();
-        let floors: Vec<u128> = if state.binding.priority == Priority::High {
+        let clocks: Vec<u128> = if state.binding.priority == Priority::High {
             Vec::new()
         } else {
             state
                 .positions
                 .iter()
-                .map(|&p| {
-                    self.least_virtual_time(p, class)
-                        .unwrap_or(self.gpus[p].floor[class])
-                })
+                .map(|&p| self.gpus[p].clock[class].time)
                 .collect()
         };
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = true;
-        for (virtual_time, floor) in state.virtual_times.iter_mut().zip(floors) {
-            virtual_time.lift_to(floor);
+        for (virtual_time, clock) in state.virtual_times.iter_mut().zip(clocks) {
+            virtual_time.lift_to(clock);
         }
         state.queued = queued;
         for &p in &state.positions {
             self.gpus[p].with_work.push(vgpu);
         }
-    }
-
-    /// The least virtual time among the `normal` (class 0) or `low` (class 1) vGPUs with work
-    /// on GPU `p`.
-    fn least_virtual_time(&self, p: usize, class: usize) -> Option<u128> {
-        self.gpus[p]
-            .with_work
-            .iter()
-            .map(|v| &self.vgpus[v])
-            .filter(|s| s.class() == class && s.binding.priority != Priority::High)
-            .map(|s| s.virtual_time(p))
-            .min()
     }
 
     /// Running vGPUs whose last work is `idle_grace` old have none any more.
@@ -428,8 +429,8 @@ impl WindowScheduler {
         }
     }
 
-    /// A vGPU stops having work. When it was the last of its class with work on a GPU, the
-    /// GPU's floor moves up to its virtual time: whoever gets work there next starts from there.
+    /// A vGPU stops having work. When it was the last of its class with work on a GPU and got
+    /// ahead of the GPU's clock, the clock moves up to it: whoever gets work next starts there.
     fn stop_work(&mut self, vgpu: VgpuId) {
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = false;
@@ -443,9 +444,12 @@ impl WindowScheduler {
             .collect();
         for (p, own) in left {
             self.gpus[p].with_work.retain(|&v| v != vgpu);
-            if !high && self.least_virtual_time(p, class).is_none() {
-                let floor = &mut self.gpus[p].floor[class];
-                *floor = (*floor).max(own);
+            let alone = self.gpus[p].with_work.iter().all(|v| {
+                let s = &self.vgpus[v];
+                s.class() != class || s.binding.priority == Priority::High
+            });
+            if !high && alone {
+                self.gpus[p].clock[class].lift_to(own);
             }
         }
     }

@@ -26,9 +26,9 @@ pub(super) struct GpuState {
     pub(super) lent: bool,
     /// Set during `decide`: a `high` vGPU here has work.
     pub(super) high_busy: bool,
-    /// For the `normal` and the `low` class: the virtual time of the last vGPU of that class
-    /// that had work here, where a vGPU getting work while none of its class has any starts.
-    pub(super) floor: [u128; 2],
+    /// For the `normal` and the `low` class: the GPU's virtual clock, which moves at
+    /// 1 / (sum of the weights with work in that class) while it serves that class.
+    pub(super) clock: [VirtualTime; 2],
     pub(super) stats: GpuStats,
 }
 
@@ -69,9 +69,9 @@ impl VirtualTime {
         self.remainder = scaled % weight;
     }
 
-    pub(super) fn lift_to(&mut self, floor: u128) {
-        if floor > self.time {
-            self.time = floor;
+    pub(super) fn lift_to(&mut self, clock: u128) {
+        if clock > self.time {
+            self.time = clock;
             self.remainder = 0;
         }
     }
