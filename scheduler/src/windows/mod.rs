@@ -4,7 +4,9 @@
 //!
 //! - **Work.** A vGPU has work from a sample that showed work until `idle_grace` passes without
 //!   one. A frozen vGPU cannot show work, so its samples are ignored: it keeps its work (it is
-//!   waiting) until it runs again. When it is thawed, its grace starts over.
+//!   waiting) until it runs again. When it is thawed, its grace starts over, except that a first
+//!   sample after the thaw showing no work (taken at least `idle_grace / 4` after it) ends its
+//!   work at once: whatever it waited for is gone, and the window should not idle for a grace.
 //! - **Windows.** On each GPU, among the `normal` vGPUs with work (or the `low` ones when no
 //!   `normal` one has work) at most one holds the window and runs; the others are frozen. A window
 //!   lasts `slice × weight`, and ends early when its holder has no work, is unbound, or is
@@ -207,6 +209,7 @@ impl WindowScheduler {
                 window_end: None,
                 window_ended_at: None,
                 queued: 0,
+                thawed_at: None,
                 waiting_since: None,
                 virtual_times: vec![VirtualTime::default(); sorted.len()],
                 stats: VgpuStats::default(),
@@ -248,7 +251,25 @@ impl WindowScheduler {
         let Some(state) = self.vgpus.get_mut(&vgpu) else {
             return false;
         };
-        if state.frozen || !has_work {
+        if state.frozen {
+            return true;
+        }
+        let thawed_at = state.thawed_at.take();
+        if !has_work {
+            // The first sample after a thaw that shows no work (taken long enough after it to
+            // tell) says the vGPU stopped waiting while frozen: its work ends now, not a whole
+            // grace later, and its window passes on.
+            let grace = self.idle_grace;
+            match thawed_at {
+                Some(at) if now.saturating_since(at) >= grace / 4 => {
+                    state.last_work = Instant::from_nanos(
+                        now.as_nanos()
+                            .saturating_sub(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX)),
+                    );
+                }
+                Some(at) => state.thawed_at = Some(at),
+                None => {}
+            }
             return true;
         }
         state.last_work = now;
@@ -668,6 +689,7 @@ impl WindowScheduler {
                     end_wait(state, now);
                     // It could not show work while frozen: its grace starts now.
                     state.last_work = now;
+                    state.thawed_at = Some(now);
                     actions.push(Action::Thaw(v));
                 } else if !may_run && !state.frozen {
                     state.frozen = true;

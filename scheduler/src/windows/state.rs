@@ -44,6 +44,8 @@ pub(super) struct VgpuState {
     /// When its last window ended (a window granted again at that instant is an extension).
     pub(super) window_ended_at: Option<Instant>,
     pub(super) queued: u64,
+    /// When it was last thawed, until its first sample after that.
+    pub(super) thawed_at: Option<Instant>,
     pub(super) waiting_since: Option<Instant>,
     /// Its virtual time on each of its GPUs, parallel to `positions`. Each GPU keeps its own
     /// clock: a multi-GPU vGPU is compared on each GPU with the vGPUs there, by the time it

@@ -493,3 +493,25 @@ fn a_multi_gpu_vgpu_is_compared_on_each_gpu_by_that_gpu_clock() {
         m.waits.max()
     );
 }
+
+#[test]
+fn a_thawed_vgpu_whose_first_sample_shows_no_work_passes_its_window_at_once() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    n.sample(100, &[1]);
+    n.sample(150, &[1]);
+    n.sample(200, &[1]);
+    // 1's window ends at 200 ms: 2 is thawed; what it waited for ended while it was frozen.
+    assert_eq!(n.frozen(), vec![1]);
+    // A sample 10 ms after the thaw is too soon to tell: ignored.
+    let d = n.sample(210, &[]);
+    assert!(d.actions.is_empty());
+    assert!(n.s.vgpu(v(2)).unwrap().has_work);
+    // The next one, 50 ms after: 2 has no work, and 1 runs again now, not a grace later.
+    let d = n.sample(250, &[]);
+    assert_eq!(d.actions, vec![Action::Thaw(v(1))]);
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+}
