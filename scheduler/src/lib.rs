@@ -5,6 +5,8 @@
 //! - [`windows`]: the execution-window scheduler: who runs on each GPU, who is frozen, and when
 //!   the next decision is due.
 //! - [`accounting`]: GPU time, waits and windows per vGPU; busy time and switches per GPU.
+//! - [`node`]: the node as one value: reservations, attachments, releases, lapses and status
+//!   around the inventory and the windows.
 //! - [`config`]: the `[scheduler]` section of `gpuplex.toml`.
 //! - [`sim`]: a deterministic simulator that drives the scheduler through a scenario.
 //!
@@ -56,6 +58,7 @@
 pub mod accounting;
 pub mod config;
 pub mod inventory;
+pub mod node;
 pub mod quantity;
 pub mod request;
 pub mod sim;

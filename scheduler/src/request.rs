@@ -43,8 +43,22 @@ pub const MAX_GPUS: u32 = 1024;
 /// The largest share weight.
 pub const MAX_WEIGHT: u32 = 100;
 
-/// How important a vGPU's work is (DESIGN.md, scheduling rules).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// How important a vGPU's work is (DESIGN.md, scheduling rules). Written `high`, `normal`,
+/// `low`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Priority {
     /// Never frozen; while it has work, `normal` and `low` vGPUs on its GPUs are frozen.
     High,
@@ -53,6 +67,26 @@ pub enum Priority {
     Normal,
     /// Gets windows only when no `normal` vGPU on its GPUs has work.
     Low,
+}
+
+impl Priority {
+    /// Every priority, highest first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    /// How it is written: `high`, `normal` or `low`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// GPU memory asked for on each assigned GPU.
@@ -265,14 +299,9 @@ fn whole_number(text: &str, max: u32) -> Option<u32> {
 /// `text` (trimmed, any case) as a priority class.
 fn priority(text: &str) -> Option<Priority> {
     let text = text.trim();
-    [
-        ("high", Priority::High),
-        ("normal", Priority::Normal),
-        ("low", Priority::Low),
-    ]
-    .into_iter()
-    .find(|(name, _)| text.eq_ignore_ascii_case(name))
-    .map(|(_, priority)| priority)
+    Priority::ALL
+        .into_iter()
+        .find(|p| text.eq_ignore_ascii_case(p.name()))
 }
 
 /// The request key an unknown `gpuplex.io/` key was probably meant to be: the closest by edit

@@ -5,8 +5,6 @@
 
 use serde::Serialize;
 
-use crate::request::Priority;
-
 /// The outcome of a run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -92,14 +90,6 @@ pub(crate) fn micros(seconds: f64) -> f64 {
 }
 
 /// The name of a priority, as written in annotations.
-pub(crate) fn priority_name(priority: Priority) -> &'static str {
-    match priority {
-        Priority::High => "high",
-        Priority::Normal => "normal",
-        Priority::Low => "low",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +159,5 @@ mod tests {
     fn rounds_to_microseconds() {
         assert_eq!(micros(1.234_567_89), 1.234_568);
         assert_eq!(micros(0.000_000_4), 0.0);
-        assert_eq!(priority_name(Priority::High), "high");
     }
 }

@@ -19,7 +19,7 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use super::demand::{DemandCursor, SplitMix64};
-use super::report::{micros, priority_name, ContainerReport, GpuReport, Report};
+use super::report::{micros, ContainerReport, GpuReport, Report};
 use super::scenario::Scenario;
 use super::timeline::Timeline;
 use crate::accounting::VgpuStats;
@@ -532,7 +532,7 @@ impl<'a> Engine<'a> {
                     name: spec.name.clone(),
                     gpus: c.gpus.iter().map(|&g| g as u32).collect(),
                     weight: spec.request.weight,
-                    priority: priority_name(spec.request.priority),
+                    priority: spec.request.priority.name(),
                     gpu_seconds: ran(secs(c.gpu_time)),
                     demand_seconds: ran(secs(c.demand)),
                     share: stats.and(had_demand.then(|| {

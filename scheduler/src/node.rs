@@ -1,0 +1,555 @@
+//! The node: every decision the node service makes, held in one value.
+//!
+//! A [`Node`] ties the [`Inventory`] (who holds which GPU memory) to the [`WindowScheduler`] (who
+//! runs now) and adds the life of a vGPU around them:
+//!
+//! 1. **reserve**: a request (the container's annotations) gets a vGPU id and an assignment
+//!    before its container exists (containerd's `Create`, podman's `precreate`);
+//! 2. **attach**: the container, once it has an init process, is bound to it and scheduled;
+//! 3. **release**: the vGPU's memory is given back and it leaves the scheduler.
+//!
+//! `register` is reserve and attach at once. A reservation that no container attaches to within
+//! `reservation_ttl` lapses. Attaching or registering a container that is already attached
+//! returns its vGPU again (the hook may run twice); a failed register leaves nothing behind.
+//!
+//! The node service does the I/O around it: it reads the socket, finds cgroups, freezes and
+//! thaws, and persists the records ([`Node::records`], [`Node::restore`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::config::SchedulerConfig;
+use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
+use crate::request::{RequestError, VgpuRequest};
+use crate::windows::{Action, BindError, Binding, Decision, RunState, WindowScheduler};
+use crate::{GpuIndex, Instant, VgpuId};
+
+/// What a vGPU is attached to: a container and where its processes are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Attachment {
+    /// The container's id (or, for `gpuplexctl register`, the id the user chose).
+    pub container: String,
+    /// How the node service finds the container's cgroups.
+    pub target: Target,
+}
+
+/// How the node service finds a container's cgroups.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// From this process's `/proc/PID/cgroup` (the container's init).
+    Pid(u32),
+    /// This cgroup path.
+    Cgroup(String),
+}
+
+/// One vGPU: what was asked, what was given, and what it is attached to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VgpuRecord {
+    /// Its id.
+    pub id: VgpuId,
+    /// The `gpuplex.io/` annotations it was asked with, as given.
+    pub annotations: BTreeMap<String, String>,
+    /// The request they make.
+    pub request: VgpuRequest,
+    /// Its GPUs and memory.
+    pub assignment: Assignment,
+    /// When it was reserved.
+    pub reserved_at: Instant,
+    /// Its container, once attached.
+    pub attachment: Option<Attachment>,
+}
+
+/// Which vGPU to release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseKey {
+    /// By vGPU id.
+    Vgpu(VgpuId),
+    /// By the id of the container attached to it.
+    Container(String),
+}
+
+/// A released vGPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Released {
+    /// Its record, as it was.
+    pub record: VgpuRecord,
+    /// `Some(Action::Thaw)` when its container was frozen and must be thawed.
+    pub thaw: Option<Action>,
+}
+
+/// The result of [`Node::decide`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeDecision {
+    /// Freeze and thaw orders, to carry out now.
+    pub actions: Vec<Action>,
+    /// Reservations that lapsed (no container attached within `reservation_ttl`); their memory is
+    /// free again.
+    pub lapsed: Vec<VgpuRecord>,
+    /// When to decide again at the latest (a window's end, a work lapse, a reservation's
+    /// expiry); `None`: only when something changes.
+    pub next_due: Option<Instant>,
+}
+
+/// Why the node refused a request. Every message is one line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NodeError {
+    /// The annotations ask for no vGPU.
+    #[error("no gpuplex.io/ annotation: the container asks for no vGPU")]
+    NoRequest,
+    /// An annotation is invalid.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// No GPU can hold the request (the message lists every GPU's free memory).
+    #[error(transparent)]
+    Assign(#[from] AssignError),
+    /// No such vGPU (never reserved, released, or lapsed).
+    #[error("{0} is not reserved on this node (it was released, or its reservation lapsed)")]
+    UnknownVgpu(VgpuId),
+    /// The vGPU is attached to another container.
+    #[error("{vgpu} is attached to container {attached}, not {container}")]
+    AttachedElsewhere {
+        /// The vGPU.
+        vgpu: VgpuId,
+        /// The container it is attached to.
+        attached: String,
+        /// The container that asked.
+        container: String,
+    },
+    /// The container is attached to another vGPU.
+    #[error("container {container} is already attached to {attached}")]
+    ContainerAttached {
+        /// The container.
+        container: String,
+        /// The vGPU it is attached to.
+        attached: VgpuId,
+    },
+    /// A container id that cannot name a container.
+    #[error(
+        "`{0}` is not a container id: it must be non-empty, without spaces or control characters"
+    )]
+    BadContainerId(String),
+    /// The window scheduler refused the vGPU (a record that does not fit this node's GPUs).
+    #[error("{vgpu} cannot be scheduled: {source}")]
+    Schedule {
+        /// The vGPU.
+        vgpu: VgpuId,
+        /// Why.
+        source: BindError,
+    },
+}
+
+/// The node's scheduler state: inventory, windows and vGPU records.
+#[derive(Clone, Debug)]
+pub struct Node {
+    config: SchedulerConfig,
+    inventory: Inventory,
+    windows: WindowScheduler,
+    records: BTreeMap<VgpuId, VgpuRecord>,
+    by_container: HashMap<String, VgpuId>,
+    next_id: u64,
+}
+
+impl Node {
+    /// A node with these GPUs (none is allowed: every request then fails, saying so).
+    pub fn new(gpus: Vec<Gpu>, config: SchedulerConfig) -> Result<Node, InventoryError> {
+        let indexes: Vec<GpuIndex> = gpus.iter().map(|g| g.index).collect();
+        let inventory = Inventory::new(gpus, config.memory_overcommit)?;
+        Ok(Node {
+            windows: WindowScheduler::new(indexes, &config),
+            config,
+            inventory,
+            records: BTreeMap::new(),
+            by_container: HashMap::new(),
+            next_id: 1,
+        })
+    }
+
+    /// The scheduler settings.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The GPUs and the memory bound on them.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The window scheduler (for views and stats).
+    pub fn windows(&self) -> &WindowScheduler {
+        &self.windows
+    }
+
+    /// Every vGPU, ascending by id.
+    pub fn records(&self) -> impl Iterator<Item = &VgpuRecord> {
+        self.records.values()
+    }
+
+    /// One vGPU.
+    pub fn record(&self, vgpu: VgpuId) -> Option<&VgpuRecord> {
+        self.records.get(&vgpu)
+    }
+
+    /// The vGPU a container is attached to.
+    pub fn vgpu_of(&self, container: &str) -> Option<VgpuId> {
+        self.by_container.get(container).copied()
+    }
+
+    /// Reserves a vGPU for a container that does not exist yet.
+    pub fn reserve<'a>(
+        &mut self,
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        now: Instant,
+    ) -> Result<&VgpuRecord, NodeError> {
+        let annotations: BTreeMap<String, String> = annotations
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(crate::request::PREFIX))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let request = VgpuRequest::from_annotations(
+            annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?
+        .ok_or(NodeError::NoRequest)?;
+        let id = VgpuId(self.next_id);
+        // A GPU counts as having work when a vGPU there has work, or when a reservation there
+        // waits for its container: an arrival is about to start work, so that arrivals close
+        // together get different idle GPUs where there are enough, under either policy.
+        let (windows, records) = (&self.windows, &self.records);
+        let has_work = |g: GpuIndex| {
+            windows.gpu_has_work(g)
+                || records
+                    .values()
+                    .any(|r| r.attachment.is_none() && r.assignment.gpus.contains(&g))
+        };
+        let assignment = self
+            .inventory
+            .assign(id, &request, self.config.policy, has_work)?;
+        self.next_id += 1;
+        let record = VgpuRecord {
+            id,
+            annotations,
+            request,
+            assignment,
+            reserved_at: now,
+            attachment: None,
+        };
+        Ok(self.records.entry(id).or_insert(record))
+    }
+
+    /// Attaches a container to its reservation and starts scheduling it. Attaching the same
+    /// container again returns the same record.
+    pub fn attach(
+        &mut self,
+        vgpu: VgpuId,
+        attachment: Attachment,
+        now: Instant,
+    ) -> Result<&VgpuRecord, NodeError> {
+        check_container_id(&attachment.container)?;
+        let record = self
+            .records
+            .get(&vgpu)
+            .ok_or(NodeError::UnknownVgpu(vgpu))?;
+        match (
+            &record.attachment,
+            self.by_container.get(&attachment.container),
+        ) {
+            (Some(a), _) if a.container == attachment.container => return Ok(&self.records[&vgpu]),
+            (Some(a), _) => {
+                return Err(NodeError::AttachedElsewhere {
+                    vgpu,
+                    attached: a.container.clone(),
+                    container: attachment.container,
+                })
+            }
+            (None, Some(&attached)) => {
+                return Err(NodeError::ContainerAttached {
+                    container: attachment.container,
+                    attached,
+                })
+            }
+            (None, None) => {}
+        }
+        let binding = Binding {
+            gpus: record.assignment.gpus.clone(),
+            weight: record.request.weight,
+            priority: record.request.priority,
+        };
+        self.windows
+            .bind(vgpu, binding, now)
+            .map_err(|source| NodeError::Schedule { vgpu, source })?;
+        self.by_container.insert(attachment.container.clone(), vgpu);
+        let record = self.records.get_mut(&vgpu).expect("checked above");
+        record.attachment = Some(attachment);
+        Ok(record)
+    }
+
+    /// Reserves and attaches at once. A container that is already attached gets its vGPU
+    /// again; on any error nothing is left reserved.
+    pub fn register<'a>(
+        &mut self,
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        attachment: Attachment,
+        now: Instant,
+    ) -> Result<&VgpuRecord, NodeError> {
+        check_container_id(&attachment.container)?;
+        if let Some(&vgpu) = self.by_container.get(&attachment.container) {
+            return Ok(&self.records[&vgpu]);
+        }
+        let vgpu = self.reserve(annotations, now)?.id;
+        match self.attach(vgpu, attachment, now) {
+            Ok(_) => Ok(&self.records[&vgpu]),
+            Err(e) => {
+                self.release(&ReleaseKey::Vgpu(vgpu), now);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases a vGPU (by its id or its container's); `None` when there is none.
+    pub fn release(&mut self, key: &ReleaseKey, now: Instant) -> Option<Released> {
+        let vgpu = match key {
+            ReleaseKey::Vgpu(v) => *v,
+            ReleaseKey::Container(c) => *self.by_container.get(c)?,
+        };
+        let record = self.records.remove(&vgpu)?;
+        if let Some(a) = &record.attachment {
+            self.by_container.remove(&a.container);
+        }
+        let thaw = self.windows.unbind(vgpu, now);
+        self.inventory.release(vgpu);
+        Some(Released { record, thaw })
+    }
+
+    /// Records an activity sample of an attached vGPU (see [`WindowScheduler::observe`]).
+    pub fn observe(&mut self, vgpu: VgpuId, has_work: bool, now: Instant) -> bool {
+        self.windows.observe(vgpu, has_work, now)
+    }
+
+    /// Decides who runs now, and lets lapsed reservations go.
+    pub fn decide(&mut self, now: Instant) -> NodeDecision {
+        let ttl = self.config.reservation_ttl;
+        let lapsed_ids: Vec<VgpuId> = self
+            .records
+            .values()
+            .filter(|r| r.attachment.is_none() && now >= r.reserved_at + ttl)
+            .map(|r| r.id)
+            .collect();
+        let lapsed = lapsed_ids
+            .into_iter()
+            .filter_map(|v| self.release(&ReleaseKey::Vgpu(v), now))
+            .map(|r| r.record)
+            .collect();
+        let Decision { actions, next_due } = self.windows.decide(now);
+        let next_lapse = self
+            .records
+            .values()
+            .filter(|r| r.attachment.is_none())
+            .map(|r| r.reserved_at + ttl)
+            .min();
+        NodeDecision {
+            actions,
+            lapsed,
+            next_due: [next_due, next_lapse].into_iter().flatten().min(),
+        }
+    }
+
+    /// Binds a record again after a restart (from the service's persisted state): its memory
+    /// is reserved as assigned, never beyond a GPU's capacity × overcommit, and an attached one
+    /// is scheduled again. Refused when it does not fit; then nothing changes.
+    pub fn restore(&mut self, record: VgpuRecord, now: Instant) -> Result<(), NodeError> {
+        let vgpu = record.id;
+        if self.records.contains_key(&vgpu) {
+            return Err(NodeError::Assign(AssignError::AlreadyAssigned {
+                vgpu,
+                gpus: self.records[&vgpu].assignment.gpus.clone(),
+            }));
+        }
+        if let Some(a) = &record.attachment {
+            check_container_id(&a.container)?;
+            if let Some(&attached) = self.by_container.get(&a.container) {
+                return Err(NodeError::ContainerAttached {
+                    container: a.container.clone(),
+                    attached,
+                });
+            }
+        }
+        self.inventory.restore(record.assignment.clone())?;
+        if let Some(a) = &record.attachment {
+            let binding = Binding {
+                gpus: record.assignment.gpus.clone(),
+                weight: record.request.weight,
+                priority: record.request.priority,
+            };
+            if let Err(source) = self.windows.bind(vgpu, binding, now) {
+                self.inventory.release(vgpu);
+                return Err(NodeError::Schedule { vgpu, source });
+            }
+            self.by_container.insert(a.container.clone(), vgpu);
+        }
+        self.next_id = self.next_id.max(vgpu.0 + 1);
+        self.records.insert(vgpu, record);
+        Ok(())
+    }
+
+    /// What `gpuplexctl status` shows, as of the last decision.
+    pub fn status(&self, now: Instant) -> NodeStatus {
+        let gpus = self
+            .inventory
+            .gpus()
+            .iter()
+            .map(|gpu| {
+                let view = self.windows.gpu(gpu.index);
+                GpuStatus {
+                    index: gpu.index.0,
+                    uuid: gpu.uuid.clone(),
+                    model: gpu.model.clone(),
+                    memory: gpu.memory,
+                    unreserved: self.inventory.unreserved(gpu.index),
+                    holder: view
+                        .as_ref()
+                        .and_then(|v| v.holder)
+                        .and_then(|h| self.container_name(h)),
+                    busy_seconds: view
+                        .as_ref()
+                        .map_or(0.0, |v| v.stats.busy_time.as_secs_f64()),
+                    switches: view.as_ref().map_or(0, |v| v.stats.switches),
+                    vgpus: self
+                        .records
+                        .values()
+                        .filter(|r| r.assignment.gpus.contains(&gpu.index))
+                        .map(|r| r.id.to_string())
+                        .collect(),
+                }
+            })
+            .collect();
+        let vgpus = self
+            .records
+            .values()
+            .map(|r| {
+                let view = self.windows.vgpu(r.id);
+                let state = match &view {
+                    None => VgpuState::Reserved,
+                    Some(v) if v.state == RunState::Frozen => VgpuState::Frozen,
+                    Some(v) if v.has_work => VgpuState::Running,
+                    Some(_) => VgpuState::Idle,
+                };
+                let stats = view.as_ref().map(|v| v.stats.clone()).unwrap_or_default();
+                let waiting = view
+                    .as_ref()
+                    .and_then(|v| v.waiting_since)
+                    .map_or(Duration::ZERO, |since| now.saturating_since(since));
+                VgpuStatus {
+                    id: r.id.to_string(),
+                    container: r.attachment.as_ref().map(|a| a.container.clone()),
+                    gpus: r.assignment.gpus.iter().map(|g| g.0).collect(),
+                    memory: r
+                        .assignment
+                        .gpus
+                        .iter()
+                        .map(|&g| self.inventory.entitlement(r.id, g).unwrap_or(0))
+                        .collect(),
+                    weight: r.request.weight,
+                    priority: r.request.priority,
+                    state,
+                    gpu_seconds: stats.gpu_time.as_secs_f64(),
+                    wait_seconds: (stats.wait_time + waiting).as_secs_f64(),
+                    waiting_seconds: waiting.as_secs_f64(),
+                    windows: stats.windows,
+                }
+            })
+            .collect();
+        NodeStatus { gpus, vgpus }
+    }
+
+    fn container_name(&self, vgpu: VgpuId) -> Option<String> {
+        let record = self.records.get(&vgpu)?;
+        Some(
+            record
+                .attachment
+                .as_ref()
+                .map_or_else(|| vgpu.to_string(), |a| a.container.clone()),
+        )
+    }
+}
+
+fn check_container_id(id: &str) -> Result<(), NodeError> {
+    if id.is_empty() || id.len() > 1024 || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(NodeError::BadContainerId(id.to_string()));
+    }
+    Ok(())
+}
+
+/// A snapshot of the node for people and tools.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeStatus {
+    /// Every GPU, by index.
+    pub gpus: Vec<GpuStatus>,
+    /// Every vGPU, by id.
+    pub vgpus: Vec<VgpuStatus>,
+}
+
+/// One GPU in a [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GpuStatus {
+    /// Host index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Memory in bytes.
+    pub memory: u64,
+    /// Memory no entitlement holds, in bytes.
+    pub unreserved: u64,
+    /// The container (or vGPU, if unattached) holding its window.
+    pub holder: Option<String>,
+    /// Seconds some vGPU ran on it with work.
+    pub busy_seconds: f64,
+    /// Windows passed from one vGPU to another.
+    pub switches: u64,
+    /// The vGPUs assigned to it.
+    pub vgpus: Vec<String>,
+}
+
+/// What a vGPU is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VgpuState {
+    /// Reserved; no container attached yet.
+    Reserved,
+    /// Running with work.
+    Running,
+    /// Frozen, waiting for a window.
+    Frozen,
+    /// Running without work.
+    Idle,
+}
+
+/// One vGPU in a [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct VgpuStatus {
+    /// Its id (`vgpu-7`).
+    pub id: String,
+    /// Its container, once attached.
+    pub container: Option<String>,
+    /// Its GPUs' indexes.
+    pub gpus: Vec<u32>,
+    /// Its memory entitlement on each of its GPUs, in bytes.
+    pub memory: Vec<u64>,
+    /// Share weight.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: crate::request::Priority,
+    /// What it is doing.
+    pub state: VgpuState,
+    /// GPU seconds received, summed over its GPUs.
+    pub gpu_seconds: f64,
+    /// Seconds spent frozen waiting, the current wait included.
+    pub wait_seconds: f64,
+    /// How long its current wait has lasted (0 when not waiting).
+    pub waiting_seconds: f64,
+    /// Windows received.
+    pub windows: u64,
+}
+
+#[cfg(test)]
+mod tests;

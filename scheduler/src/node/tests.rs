@@ -1,0 +1,307 @@
+//! The life of a vGPU on a node: reserve, attach, register, release, lapse, restore, status.
+
+use super::*;
+use crate::inventory::AssignmentPolicy;
+use crate::request::Priority;
+
+const GIB: u64 = 1 << 30;
+
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos(ms * 1_000_000)
+}
+
+fn node(gpus: u32, policy: AssignmentPolicy) -> Node {
+    let gpus = (0..gpus)
+        .map(|i| Gpu {
+            index: GpuIndex(i),
+            uuid: format!("GPU-test-{i}"),
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            memory: 40 * GIB,
+        })
+        .collect();
+    let config = SchedulerConfig {
+        policy,
+        reservation_ttl: Duration::from_secs(60),
+        ..SchedulerConfig::default()
+    };
+    Node::new(gpus, config).unwrap()
+}
+
+fn mem(gib: &str) -> Vec<(&'static str, String)> {
+    vec![("gpuplex.io/gpu-memory", gib.to_string())]
+}
+
+fn reserve(n: &mut Node, annotations: &[(&str, &str)], ms: u64) -> Result<VgpuId, NodeError> {
+    n.reserve(annotations.iter().copied(), at(ms)).map(|r| r.id)
+}
+
+fn container(id: &str, pid: u32) -> Attachment {
+    Attachment {
+        container: id.into(),
+        target: Target::Pid(pid),
+    }
+}
+
+const EIGHT: &[(&str, &str)] = &[("gpuplex.io/gpu-memory", "8Gi")];
+
+#[test]
+fn a_reservation_holds_memory_until_released() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let v = reserve(&mut n, EIGHT, 0).unwrap();
+    assert_eq!(v, VgpuId(1));
+    let record = n.record(v).unwrap();
+    assert_eq!(record.assignment.gpus, vec![GpuIndex(0)]);
+    assert_eq!(record.annotations["gpuplex.io/gpu-memory"], "8Gi");
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 32 * GIB);
+    assert_eq!(n.status(at(0)).vgpus[0].state, VgpuState::Reserved);
+    let released = n.release(&ReleaseKey::Vgpu(v), at(10)).unwrap();
+    assert_eq!((released.record.id, released.thaw), (v, None));
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 40 * GIB);
+    assert!(
+        n.release(&ReleaseKey::Vgpu(v), at(10)).is_none(),
+        "released once"
+    );
+}
+
+#[test]
+fn reserve_refuses_what_asks_for_nothing_is_invalid_or_fits_nowhere() {
+    let mut n = node(2, AssignmentPolicy::Spread);
+    assert_eq!(
+        reserve(&mut n, &[("io.kubernetes.pod.name", "web")], 0),
+        Err(NodeError::NoRequest)
+    );
+    let e = reserve(&mut n, &[("gpuplex.io/weight", "0")], 0).unwrap_err();
+    assert!(e.to_string().contains("gpuplex.io/weight=`0`"), "{e}");
+    let e = reserve(&mut n, &[("gpuplex.io/gpu-memory", "41Gi")], 0).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("GPU 0") && text.contains("GPU 1") && text.contains("40 GiB"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'));
+    let mut empty = node(0, AssignmentPolicy::Spread);
+    let e = reserve(&mut empty, EIGHT, 0).unwrap_err();
+    assert!(e.to_string().contains("no GPU"), "{e}");
+    assert_eq!(n.records().count(), 0, "nothing reserved by a refusal");
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 40 * GIB);
+}
+
+#[test]
+fn arrivals_close_together_get_different_idle_gpus_under_either_policy() {
+    for policy in [AssignmentPolicy::Spread, AssignmentPolicy::Pack] {
+        let mut n = node(2, policy);
+        let a = reserve(&mut n, EIGHT, 0).unwrap();
+        let b = reserve(&mut n, EIGHT, 1).unwrap();
+        let gpus = |v| n.record(v).unwrap().assignment.gpus.clone();
+        assert_ne!(gpus(a), gpus(b), "{policy:?}");
+    }
+}
+
+#[test]
+fn attach_binds_the_container_and_is_idempotent() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let v = reserve(&mut n, EIGHT, 0).unwrap();
+    let first = n.attach(v, container("c1", 100), at(5)).unwrap().clone();
+    assert_eq!(first.attachment, Some(container("c1", 100)));
+    assert_eq!(n.attach(v, container("c1", 100), at(6)).unwrap(), &first);
+    assert_eq!(n.vgpu_of("c1"), Some(v));
+    assert_eq!(n.status(at(6)).vgpus[0].state, VgpuState::Idle);
+    assert_eq!(
+        n.attach(v, container("c2", 200), at(7)),
+        Err(NodeError::AttachedElsewhere {
+            vgpu: v,
+            attached: "c1".into(),
+            container: "c2".into()
+        })
+    );
+    let w = reserve(&mut n, EIGHT, 8).unwrap();
+    assert_eq!(
+        n.attach(w, container("c1", 100), at(9)),
+        Err(NodeError::ContainerAttached {
+            container: "c1".into(),
+            attached: v
+        })
+    );
+    assert_eq!(
+        n.attach(VgpuId(99), container("c3", 1), at(9)),
+        Err(NodeError::UnknownVgpu(VgpuId(99)))
+    );
+    for bad in ["", "a b", "x\ny"] {
+        assert_eq!(
+            n.attach(w, container(bad, 1), at(9)),
+            Err(NodeError::BadContainerId(bad.into()))
+        );
+    }
+    assert!(n.record(w).unwrap().attachment.is_none());
+}
+
+#[test]
+fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let annotations = [
+        ("gpuplex.io/gpu-memory", "30Gi"),
+        ("gpuplex.io/weight", "3"),
+    ];
+    let v = n
+        .register(annotations, container("job", 7), at(0))
+        .unwrap()
+        .id;
+    assert_eq!(n.record(v).unwrap().request.weight, 3);
+    // Registering the same container again returns the same vGPU, whatever it asks now.
+    let again = n.register(
+        mem("1Gi").iter().map(|(k, v)| (*k, v.as_str())),
+        container("job", 7),
+        at(1),
+    );
+    assert_eq!(again.unwrap().id, v);
+    // One that does not fit leaves no reservation behind.
+    let e = n.register(
+        [("gpuplex.io/gpu-memory", "20Gi")],
+        container("other", 8),
+        at(2),
+    );
+    assert!(matches!(e, Err(NodeError::Assign(_))), "{e:?}");
+    assert_eq!(n.records().count(), 1);
+    assert_eq!(n.vgpu_of("other"), None);
+    assert_eq!(
+        n.register(EIGHT.iter().copied(), container(" ", 9), at(3)),
+        Err(NodeError::BadContainerId(" ".into()))
+    );
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 10 * GIB);
+}
+
+#[test]
+fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let a = n
+        .register(EIGHT.iter().copied(), container("a", 1), at(0))
+        .unwrap()
+        .id;
+    let b = n
+        .register(EIGHT.iter().copied(), container("b", 2), at(0))
+        .unwrap()
+        .id;
+    n.observe(a, true, at(50));
+    n.observe(b, true, at(50));
+    let d = n.decide(at(50));
+    assert_eq!(d.actions.len(), 1);
+    let frozen = match d.actions[0] {
+        Action::Freeze(v) => v,
+        other => panic!("{other:?}"),
+    };
+    let name = if frozen == a { "a" } else { "b" };
+    let status = n.status(at(80));
+    let waiting = status
+        .vgpus
+        .iter()
+        .find(|s| s.state == VgpuState::Frozen)
+        .unwrap();
+    assert!((waiting.waiting_seconds - 0.03).abs() < 1e-9);
+    assert_eq!(
+        status.gpus[0].holder.as_deref(),
+        Some(if name == "a" { "b" } else { "a" })
+    );
+    let released = n
+        .release(&ReleaseKey::Container(name.into()), at(100))
+        .unwrap();
+    assert_eq!(released.thaw, Some(Action::Thaw(frozen)));
+    assert_eq!(n.vgpu_of(name), None);
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 32 * GIB);
+    assert!(n
+        .release(&ReleaseKey::Container(name.into()), at(100))
+        .is_none());
+}
+
+#[test]
+fn a_reservation_nobody_attaches_lapses_after_its_ttl() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let lapsing = reserve(&mut n, EIGHT, 1_000).unwrap();
+    let kept = reserve(&mut n, EIGHT, 2_000).unwrap();
+    n.attach(kept, container("c", 1), at(3_000)).unwrap();
+    let d = n.decide(at(3_000));
+    assert_eq!(d.next_due, Some(at(61_000)), "the next lapse is due");
+    assert!(n.decide(at(60_999)).lapsed.is_empty());
+    let d = n.decide(at(61_000));
+    assert_eq!(
+        d.lapsed.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![lapsing]
+    );
+    assert_eq!(d.next_due, None);
+    assert!(n.record(lapsing).is_none());
+    assert!(n.record(kept).is_some(), "attached: never lapses");
+    assert_eq!(n.inventory().unreserved(GpuIndex(0)), 32 * GIB);
+    assert_eq!(
+        n.attach(lapsing, container("late", 2), at(61_001)),
+        Err(NodeError::UnknownVgpu(lapsing))
+    );
+}
+
+#[test]
+fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
+    let mut before = node(2, AssignmentPolicy::Spread);
+    let a = before
+        .register(
+            [
+                ("gpuplex.io/gpu-memory", "30Gi"),
+                ("gpuplex.io/priority", "high"),
+            ],
+            container("a", 1),
+            at(0),
+        )
+        .unwrap()
+        .id;
+    let b = reserve(&mut before, &[("gpuplex.io/gpu-memory", "30Gi")], 0).unwrap();
+    let saved: Vec<VgpuRecord> = before.records().cloned().collect();
+
+    let mut after = node(2, AssignmentPolicy::Spread);
+    for record in saved.clone() {
+        after.restore(record, at(10)).unwrap();
+    }
+    assert_eq!(after.records().cloned().collect::<Vec<_>>(), saved);
+    assert_eq!(after.vgpu_of("a"), Some(a));
+    assert_eq!(after.status(at(10)).vgpus[0].priority, Priority::High);
+    assert!(
+        after.windows().vgpu(a).is_some(),
+        "attached: scheduled again"
+    );
+    assert!(after.windows().vgpu(b).is_none(), "reserved: not scheduled");
+    // New ids continue above the restored ones.
+    assert_eq!(reserve(&mut after, EIGHT, 20).unwrap(), VgpuId(3));
+    // A record that would overfill a GPU is refused, and changes nothing.
+    let mut over = saved[0].clone();
+    over.id = VgpuId(50);
+    over.attachment = Some(container("z", 9));
+    let unreserved = after.inventory().unreserved(over.assignment.gpus[0]);
+    assert!(matches!(
+        after.restore(over, at(30)),
+        Err(NodeError::Assign(_))
+    ));
+    assert_eq!(
+        after.inventory().unreserved(saved[0].assignment.gpus[0]),
+        unreserved
+    );
+    assert_eq!(after.vgpu_of("z"), None);
+    // The same record twice, or a container twice, is refused too.
+    assert!(after.restore(saved[0].clone(), at(30)).is_err());
+}
+
+#[test]
+fn status_serializes_for_tools() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    n.register(
+        [
+            ("gpuplex.io/gpu-memory", "8Gi"),
+            ("gpuplex.io/priority", "low"),
+        ],
+        container("c", 1),
+        at(0),
+    )
+    .unwrap();
+    let json = serde_json::to_value(n.status(at(0))).unwrap();
+    assert_eq!(json["vgpus"][0]["priority"], "low");
+    assert_eq!(json["vgpus"][0]["state"], "idle");
+    assert_eq!(json["vgpus"][0]["memory"][0], 8 * GIB);
+    assert_eq!(json["gpus"][0]["uuid"], "GPU-test-0");
+    let back: NodeStatus = serde_json::from_value(json).unwrap();
+    assert_eq!(back, n.status(at(0)));
+}
