@@ -305,3 +305,94 @@ fn status_serializes_for_tools() {
     let back: NodeStatus = serde_json::from_value(json).unwrap();
     assert_eq!(back, n.status(at(0)));
 }
+
+#[derive(Clone, Debug)]
+enum Op {
+    Reserve(u8, u8),
+    Attach(u64, u8),
+    Register(u8, u8, u8),
+    ReleaseVgpu(u64),
+    ReleaseContainer(u8),
+    Observe(u64, bool),
+    Decide,
+    Wait(u64),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (1u8..=45, 1u8..=3).prop_map(|(g, n)| Op::Reserve(g, n)),
+        (1u64..12, 0u8..6).prop_map(|(v, c)| Op::Attach(v, c)),
+        (1u8..=45, 1u8..=2, 0u8..6).prop_map(|(g, n, c)| Op::Register(g, n, c)),
+        (1u64..12).prop_map(Op::ReleaseVgpu),
+        (0u8..6).prop_map(Op::ReleaseContainer),
+        (1u64..12, any::<bool>()).prop_map(|(v, w)| Op::Observe(v, w)),
+        Just(Op::Decide),
+        (1u64..40_000).prop_map(Op::Wait),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever the sequence of requests, the bookkeeping stays consistent: memory within
+    /// capacity, each container on at most one vGPU and each attached vGPU scheduled, nothing
+    /// reserved for longer than its TTL once a decision has run.
+    #[test]
+    fn bookkeeping_stays_consistent(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut n = node(3, AssignmentPolicy::Spread);
+        let mut now = 0u64;
+        for op in ops {
+            let t = at(now);
+            match op {
+                Op::Reserve(gib, gpus) => {
+                    let a = [("gpuplex.io/gpu-memory", format!("{gib}Gi")), ("gpuplex.io/gpus", gpus.to_string())];
+                    let _ = n.reserve(a.iter().map(|(k, v)| (*k, v.as_str())), t);
+                }
+                Op::Attach(v, c) => {
+                    let _ = n.attach(VgpuId(v), container(&format!("c{c}"), 1), t);
+                }
+                Op::Register(gib, gpus, c) => {
+                    let a = [("gpuplex.io/gpu-memory", format!("{gib}Gi")), ("gpuplex.io/gpus", gpus.to_string())];
+                    let _ = n.register(a.iter().map(|(k, v)| (*k, v.as_str())), container(&format!("c{c}"), 1), t);
+                }
+                Op::ReleaseVgpu(v) => {
+                    let _ = n.release(&ReleaseKey::Vgpu(VgpuId(v)), t);
+                }
+                Op::ReleaseContainer(c) => {
+                    let _ = n.release(&ReleaseKey::Container(format!("c{c}")), t);
+                }
+                Op::Observe(v, w) => {
+                    n.observe(VgpuId(v), w, t);
+                }
+                Op::Decide => {
+                    let d = n.decide(t);
+                    for r in &d.lapsed {
+                        proptest::prop_assert!(r.attachment.is_none());
+                        proptest::prop_assert!(t >= r.reserved_at + n.config().reservation_ttl);
+                    }
+                    for r in n.records() {
+                        proptest::prop_assert!(r.attachment.is_some() || t < r.reserved_at + n.config().reservation_ttl);
+                    }
+                }
+                Op::Wait(ms) => now += ms,
+            }
+            for gpu in n.inventory().gpus() {
+                let bound: u64 = n
+                    .records()
+                    .filter(|r| r.assignment.gpus.contains(&gpu.index))
+                    .map(|r| n.inventory().entitlement(r.id, gpu.index).unwrap())
+                    .sum();
+                proptest::prop_assert!(bound <= gpu.memory);
+                proptest::prop_assert_eq!(bound + n.inventory().unreserved(gpu.index), gpu.memory);
+            }
+            let mut containers = std::collections::HashSet::new();
+            for r in n.records() {
+                proptest::prop_assert_eq!(n.windows().vgpu(r.id).is_some(), r.attachment.is_some());
+                if let Some(a) = &r.attachment {
+                    proptest::prop_assert!(containers.insert(a.container.clone()));
+                    proptest::prop_assert_eq!(n.vgpu_of(&a.container), Some(r.id));
+                }
+            }
+            proptest::prop_assert_eq!(n.windows().vgpus().count(), containers.len());
+        }
+    }
+}
