@@ -280,14 +280,6 @@ fn scaled_capacity(capacity: u64, factor: f64) -> u64 {
     }
 }
 
-/// The memory a request needs on a GPU of this capacity.
-fn needed_on(memory: GpuMemory, capacity: u64) -> u64 {
-    match memory {
-        GpuMemory::WholeGpu => capacity,
-        GpuMemory::Bytes(bytes) => bytes,
-    }
-}
-
 /// What the ranking sees of one candidate GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Load {
@@ -383,7 +375,7 @@ impl Inventory {
     pub fn entitlement(&self, vgpu: VgpuId, gpu: GpuIndex) -> Option<u64> {
         let assignment = self.bindings.get(&vgpu)?;
         assignment.gpus.binary_search(&gpu).ok()?;
-        Some(needed_on(assignment.memory, self.gpu(gpu)?.memory))
+        Some(assignment.memory.bytes_on(self.gpu(gpu)?.memory))
     }
 
     /// The assignment of this vGPU.
@@ -428,7 +420,7 @@ impl Inventory {
                 _ => request.accepts_model(&gpu.model),
             };
             last_model = Some((&gpu.model, accepted));
-            let want = needed_on(request.memory, gpu.memory);
+            let want = request.memory.bytes_on(gpu.memory);
             let free = slot.unreserved();
             if !accepted || want > free {
                 continue;
@@ -451,7 +443,7 @@ impl Inventory {
         let mut gpus = Vec::with_capacity(needed);
         for &(_, pos) in &candidates {
             let slot = &mut self.slots[pos];
-            slot.reserved += needed_on(request.memory, self.gpus[pos].memory);
+            slot.reserved += request.memory.bytes_on(self.gpus[pos].memory);
             slot.bound += 1;
             gpus.push(self.gpus[pos].index);
         }
@@ -503,7 +495,7 @@ impl Inventory {
             .iter()
             .zip(&self.slots)
             .map(|(gpu, slot)| {
-                let needed = needed_on(request.memory, gpu.memory);
+                let needed = request.memory.bytes_on(gpu.memory);
                 let verdict = if !request.accepts_model(&gpu.model) {
                     Verdict::ModelMismatch
                 } else if needed > slot.unreserved() {
@@ -533,7 +525,7 @@ impl Inventory {
         let assignment = self.bindings.remove(&vgpu)?;
         for &index in &assignment.gpus {
             if let Some(pos) = self.position(index) {
-                let entitlement = needed_on(assignment.memory, self.gpus[pos].memory);
+                let entitlement = assignment.memory.bytes_on(self.gpus[pos].memory);
                 let slot = &mut self.slots[pos];
                 slot.reserved = slot.reserved.saturating_sub(entitlement);
                 slot.bound = slot.bound.saturating_sub(1);
@@ -576,7 +568,7 @@ impl Inventory {
                 });
             };
             let unreserved = self.slots[pos].unreserved();
-            let needed = needed_on(memory, self.gpus[pos].memory);
+            let needed = memory.bytes_on(self.gpus[pos].memory);
             if needed > unreserved {
                 return Err(AssignError::OverCapacity {
                     vgpu,
@@ -590,7 +582,7 @@ impl Inventory {
             positions.push(pos);
         }
         for pos in positions {
-            self.slots[pos].reserved += needed_on(memory, self.gpus[pos].memory);
+            self.slots[pos].reserved += memory.bytes_on(self.gpus[pos].memory);
             self.slots[pos].bound += 1;
         }
         let assignment = Assignment { vgpu, gpus, memory };

@@ -7,6 +7,7 @@
 //! - [`accounting`]: GPU time, waits and windows per vGPU; busy time and switches per GPU.
 //! - [`node`]: the node as one value: reservations, attachments, releases, lapses and status
 //!   around the inventory and the windows.
+//! - [`protocol`]: the node socket's requests and replies, and [`node::Node::handle`].
 //! - [`config`]: the `[scheduler]` section of `gpuplex.toml`.
 //! - [`sim`]: a deterministic simulator that drives the scheduler through a scenario.
 //!
@@ -59,6 +60,7 @@ pub mod accounting;
 pub mod config;
 pub mod inventory;
 pub mod node;
+pub mod protocol;
 pub mod quantity;
 pub mod request;
 pub mod sim;

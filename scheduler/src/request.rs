@@ -99,6 +99,16 @@ pub enum GpuMemory {
     Bytes(u64),
 }
 
+impl GpuMemory {
+    /// The bytes this entitles a vGPU to on a GPU of `capacity` bytes.
+    pub fn bytes_on(self, capacity: u64) -> u64 {
+        match self {
+            GpuMemory::WholeGpu => capacity,
+            GpuMemory::Bytes(bytes) => bytes,
+        }
+    }
+}
+
 /// A validated vGPU request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VgpuRequest {

@@ -529,7 +529,7 @@ fn check_invariants(inv: &Inventory) {
             .values()
             .filter(|a| a.gpus.contains(&gpu.index));
         let (count, sum) = holders.fold((0, 0), |(n, s), a| {
-            (n + 1, s + needed_on(a.memory, gpu.memory))
+            (n + 1, s + a.memory.bytes_on(gpu.memory))
         });
         assert_eq!((slot.bound, slot.reserved), (count, sum));
         let limit = (gpu.memory as f64 * inv.memory_overcommit).floor();
@@ -560,7 +560,7 @@ fn oracle(
         .filter_map(|g| {
             let left = inv
                 .unreserved(g.index)
-                .checked_sub(needed_on(r.memory, g.memory))?;
+                .checked_sub(r.memory.bytes_on(g.memory))?;
             Some(Load {
                 index: g.index,
                 busy: busy(g.index),

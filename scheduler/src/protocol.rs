@@ -1,0 +1,362 @@
+//! The node protocol: one JSON object per line on the node socket, each request answered by one
+//! reply line.
+//!
+//! ```text
+//! {"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}
+//! {"op":"attach","vgpu":"vgpu-1","container":"c0ffee","pid":4242}
+//! {"op":"register","annotations":{"gpuplex.io/weight":"2"},"container":"job-7","cgroup":"/sys/fs/cgroup/freezer/jobs/7"}
+//! {"op":"release","container":"c0ffee"}            (or "vgpu":"vgpu-1")
+//! {"op":"status"}
+//! ```
+//!
+//! A reply is `{"ok":true,...}` with `vgpu` (reserve, attach, register; release: the released
+//! one, absent when there was none) or `status`, or `{"ok":false,"error":"<one line>"}`. A line
+//! longer than [`MAX_LINE`] bytes, malformed JSON, an unknown operation or an unknown field gets
+//! an error reply; none of them changes anything.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::node::{Attachment, Node, NodeError, NodeStatus, ReleaseKey, Target, VgpuRecord};
+use crate::request::Priority;
+use crate::{Instant, VgpuId};
+
+/// The longest request line accepted, in bytes (without its newline).
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// The operations, as written in `op`.
+pub const OPERATIONS: [&str; 5] = ["reserve", "attach", "register", "release", "status"];
+
+/// A request on the node socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Reserve a vGPU for a container that does not exist yet.
+    Reserve {
+        /// The container's annotations (only `gpuplex.io/` ones matter).
+        annotations: BTreeMap<String, String>,
+    },
+    /// Attach a container to its reservation.
+    Attach {
+        /// The reservation.
+        vgpu: VgpuId,
+        /// The container.
+        attachment: Attachment,
+    },
+    /// Reserve and attach at once.
+    Register {
+        /// The container's annotations.
+        annotations: BTreeMap<String, String>,
+        /// The container.
+        attachment: Attachment,
+    },
+    /// Release a vGPU.
+    Release(ReleaseKey),
+    /// The node's status.
+    Status,
+}
+
+/// A request line that cannot be read. Every message is one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// Over [`MAX_LINE`].
+    #[error("request of {len} bytes is over the limit of {max} bytes")]
+    TooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not JSON, or not an object.
+    #[error("request is not a JSON object: {0}")]
+    Json(String),
+    /// No `op`, or one that is not known.
+    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, status")]
+    UnknownOp(String),
+    /// A field that is missing, unknown, or of the wrong type.
+    #[error("{op}: {message}")]
+    Field {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The reply to one request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether the request was carried out.
+    pub ok: bool,
+    /// Why not, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The vGPU reserved, attached, registered or released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu: Option<VgpuReply>,
+    /// The node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<NodeStatus>,
+}
+
+impl Reply {
+    /// An error reply.
+    pub fn error(message: impl ToString) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(message.to_string().replace('\n', " ")),
+            ..Reply::default()
+        }
+    }
+
+    /// The reply as one line of JSON, newline included.
+    pub fn to_line(&self) -> String {
+        let mut line = serde_json::to_string(self).expect("a reply always serializes");
+        line.push('\n');
+        line
+    }
+}
+
+/// What a client learns of a vGPU: enough for the hook to edit a spec and write the identity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VgpuReply {
+    /// Its id (`vgpu-7`).
+    pub id: String,
+    /// Its container, once attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Its GPUs.
+    pub gpus: Vec<AssignedGpu>,
+    /// Share weight.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: Priority,
+}
+
+/// One GPU of a vGPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AssignedGpu {
+    /// Host index.
+    pub index: u32,
+    /// UUID (what `CUDA_VISIBLE_DEVICES` takes).
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// The vGPU's memory entitlement on it, in bytes.
+    pub memory: u64,
+}
+
+/// Reads one request line (without its newline).
+pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
+    if line.len() > MAX_LINE {
+        return Err(ProtocolError::TooLong {
+            len: line.len(),
+            max: MAX_LINE,
+        });
+    }
+    let value: Value =
+        serde_json::from_slice(line).map_err(|e| ProtocolError::Json(e.to_string()))?;
+    let Value::Object(mut fields) = value else {
+        return Err(ProtocolError::Json(format!("got {}", kind(&value))));
+    };
+    let op = match fields.remove("op") {
+        Some(Value::String(op)) => OPERATIONS
+            .into_iter()
+            .find(|o| *o == op)
+            .ok_or_else(|| ProtocolError::UnknownOp(format!("`{op}`")))?,
+        Some(other) => return Err(ProtocolError::UnknownOp(other.to_string())),
+        None => return Err(ProtocolError::UnknownOp("(no \"op\")".into())),
+    };
+    let field = |message: String| ProtocolError::Field { op, message };
+    let rest = Value::Object(fields);
+    let read = |value: Value| -> Result<Fields, ProtocolError> {
+        serde_json::from_value(value).map_err(|e| field(e.to_string()))
+    };
+    match op {
+        "reserve" => {
+            let f: ReserveFields =
+                serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
+            Ok(Request::Reserve {
+                annotations: f.annotations,
+            })
+        }
+        "attach" => {
+            let f = read(rest)?;
+            let vgpu = f
+                .vgpu
+                .as_deref()
+                .ok_or_else(|| field("missing field `vgpu`".into()))?;
+            let vgpu = vgpu.parse().map_err(|e| field(format!("vgpu: {e}")))?;
+            let attachment = f.attachment().map_err(field)?;
+            if f.annotations.is_some() {
+                return Err(field("unknown field `annotations`".into()));
+            }
+            Ok(Request::Attach { vgpu, attachment })
+        }
+        "register" => {
+            let f = read(rest)?;
+            if f.vgpu.is_some() {
+                return Err(field("unknown field `vgpu`: register reserves one".into()));
+            }
+            let attachment = f.attachment().map_err(field)?;
+            Ok(Request::Register {
+                annotations: f.annotations.unwrap_or_default(),
+                attachment,
+            })
+        }
+        "release" => {
+            let f: ReleaseFields =
+                serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
+            match (f.vgpu, f.container) {
+                (Some(v), None) => Ok(Request::Release(ReleaseKey::Vgpu(
+                    v.parse().map_err(|e| field(format!("vgpu: {e}")))?,
+                ))),
+                (None, Some(c)) => Ok(Request::Release(ReleaseKey::Container(c))),
+                _ => Err(field("give exactly one of `vgpu` and `container`".into())),
+            }
+        }
+        _ => {
+            serde_json::from_value::<StatusFields>(rest).map_err(|e| field(e.to_string()))?;
+            Ok(Request::Status)
+        }
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveFields {
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    #[serde(default)]
+    vgpu: Option<String>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    container: String,
+    #[serde(default)]
+    pid: Option<u32>,
+    #[serde(default)]
+    cgroup: Option<String>,
+}
+
+impl Fields {
+    fn attachment(&self) -> Result<Attachment, String> {
+        let target = match (self.pid, &self.cgroup) {
+            (Some(pid), None) if pid > 0 => Target::Pid(pid),
+            (None, Some(path)) if path.starts_with('/') => Target::Cgroup(path.clone()),
+            (Some(_), None) => return Err("pid must be above 0".into()),
+            (None, Some(path)) => return Err(format!("cgroup `{path}` is not an absolute path")),
+            _ => return Err("give exactly one of `pid` and `cgroup`".into()),
+        };
+        Ok(Attachment {
+            container: self.container.clone(),
+            target,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseFields {
+    #[serde(default)]
+    vgpu: Option<String>,
+    #[serde(default)]
+    container: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusFields {}
+
+impl Node {
+    /// Carries out one request and says how it went.
+    pub fn handle(&mut self, request: Request, now: Instant) -> Reply {
+        let done = |node: &Node, result: Result<VgpuId, NodeError>| match result {
+            Ok(vgpu) => Reply {
+                ok: true,
+                vgpu: node.record(vgpu).map(|r| node.vgpu_reply(r)),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(e),
+        };
+        match request {
+            Request::Reserve { annotations } => {
+                let result = self
+                    .reserve(
+                        annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                        now,
+                    )
+                    .map(|r| r.id);
+                done(self, result)
+            }
+            Request::Attach { vgpu, attachment } => {
+                let result = self.attach(vgpu, attachment, now).map(|r| r.id);
+                done(self, result)
+            }
+            Request::Register {
+                annotations,
+                attachment,
+            } => {
+                let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                let result = self.register(pairs, attachment, now).map(|r| r.id);
+                done(self, result)
+            }
+            Request::Release(key) => {
+                let released = self.release(&key, now);
+                Reply {
+                    ok: true,
+                    vgpu: released.map(|r| self.vgpu_reply(&r.record)),
+                    ..Reply::default()
+                }
+            }
+            Request::Status => Reply {
+                ok: true,
+                status: Some(self.status(now)),
+                ..Reply::default()
+            },
+        }
+    }
+
+    /// What a client learns of a vGPU.
+    pub fn vgpu_reply(&self, record: &VgpuRecord) -> VgpuReply {
+        let gpus = record
+            .assignment
+            .gpus
+            .iter()
+            .filter_map(|&index| {
+                let gpu = self.inventory().gpu(index)?;
+                Some(AssignedGpu {
+                    index: index.0,
+                    uuid: gpu.uuid.clone(),
+                    model: gpu.model.clone(),
+                    memory: record.assignment.memory.bytes_on(gpu.memory),
+                })
+            })
+            .collect();
+        VgpuReply {
+            id: record.id.to_string(),
+            container: record.attachment.as_ref().map(|a| a.container.clone()),
+            gpus,
+            weight: record.request.weight,
+            priority: record.request.priority,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,277 @@
+//! Every request form, every malformed line, and a session of requests against a node.
+
+use super::*;
+use crate::config::SchedulerConfig;
+use crate::inventory::Gpu;
+use crate::GpuIndex;
+
+fn node() -> Node {
+    let gpu = Gpu {
+        index: GpuIndex(0),
+        uuid: "GPU-fake-0".into(),
+        model: "Fake GPU".into(),
+        memory: 16 << 30,
+    };
+    Node::new(vec![gpu], SchedulerConfig::default()).unwrap()
+}
+
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos(ms * 1_000_000)
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn every_request_form_reads() {
+    let cases: Vec<(&str, Request)> = vec![
+        (
+            r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}"#,
+            Request::Reserve {
+                annotations: annotations(&[("gpuplex.io/gpu-memory", "8Gi")]),
+            },
+        ),
+        (
+            r#"{"op":"attach","vgpu":"vgpu-3","container":"c1","pid":42}"#,
+            Request::Attach {
+                vgpu: VgpuId(3),
+                attachment: Attachment {
+                    container: "c1".into(),
+                    target: Target::Pid(42),
+                },
+            },
+        ),
+        (
+            r#"{"container":"job","cgroup":"/sys/fs/cgroup/freezer/job","op":"register","annotations":{"gpuplex.io/weight":"2"}}"#,
+            Request::Register {
+                annotations: annotations(&[("gpuplex.io/weight", "2")]),
+                attachment: Attachment {
+                    container: "job".into(),
+                    target: Target::Cgroup("/sys/fs/cgroup/freezer/job".into()),
+                },
+            },
+        ),
+        (
+            r#"{"op":"register","container":"job","pid":1}"#,
+            Request::Register {
+                annotations: BTreeMap::new(),
+                attachment: Attachment {
+                    container: "job".into(),
+                    target: Target::Pid(1),
+                },
+            },
+        ),
+        (
+            r#"{"op":"release","vgpu":"vgpu-1"}"#,
+            Request::Release(ReleaseKey::Vgpu(VgpuId(1))),
+        ),
+        (
+            r#"{"op":"release","container":"c1"}"#,
+            Request::Release(ReleaseKey::Container("c1".into())),
+        ),
+        (r#" {"op":"status"} "#, Request::Status),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
+    }
+}
+
+#[test]
+fn every_malformed_line_gets_its_own_one_line_error() {
+    let cases: &[(&[u8], &str)] = &[
+        (b"", "not a JSON object"),
+        (b"{\"op\":", "not a JSON object"),
+        (b"\xff\xfe", "not a JSON object"),
+        (b"[1,2]", "not a JSON object: got an array"),
+        (b"{}", "unknown operation (no \"op\")"),
+        (br#"{"op":"frobnicate"}"#, "unknown operation `frobnicate`"),
+        (br#"{"op":7}"#, "unknown operation 7"),
+        (br#"{"op":"status","x":1}"#, "status: unknown field `x`"),
+        (
+            br#"{"op":"reserve"}"#,
+            "reserve: missing field `annotations`",
+        ),
+        (
+            br#"{"op":"reserve","annotations":{"a":1}}"#,
+            "reserve: invalid type",
+        ),
+        (
+            br#"{"op":"attach","container":"c","pid":1}"#,
+            "attach: missing field `vgpu`",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"7","container":"c","pid":1}"#,
+            "attach: vgpu: `7` is not a vGPU id",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c"}"#,
+            "exactly one of `pid` and `cgroup`",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":1,"cgroup":"/x"}"#,
+            "exactly one of `pid` and `cgroup`",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":0}"#,
+            "pid must be above 0",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":-1}"#,
+            "attach: invalid value",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","cgroup":"x"}"#,
+            "is not an absolute path",
+        ),
+        (
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":1,"annotations":{}}"#,
+            "attach: unknown field `annotations`",
+        ),
+        (
+            br#"{"op":"register","vgpu":"vgpu-1","container":"c","pid":1}"#,
+            "register: unknown field `vgpu`",
+        ),
+        (
+            br#"{"op":"register","pid":1}"#,
+            "register: missing field `container`",
+        ),
+        (
+            br#"{"op":"release"}"#,
+            "exactly one of `vgpu` and `container`",
+        ),
+        (
+            br#"{"op":"release","vgpu":"vgpu-1","container":"c"}"#,
+            "exactly one of `vgpu` and `container`",
+        ),
+    ];
+    for (line, expected) in cases {
+        let e = parse_request(line).unwrap_err().to_string();
+        assert!(
+            e.contains(expected),
+            "{}: {e}",
+            String::from_utf8_lossy(line)
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+    let long = format!(r#"{{"op":"status","pad":"{}"}}"#, "x".repeat(MAX_LINE));
+    assert_eq!(
+        parse_request(long.as_bytes()),
+        Err(ProtocolError::TooLong {
+            len: long.len(),
+            max: MAX_LINE
+        })
+    );
+}
+
+#[test]
+fn a_session_of_requests_against_a_node() {
+    let mut n = node();
+    let ask = |n: &mut Node, line: &str, ms: u64| {
+        let reply = n.handle(parse_request(line.as_bytes()).unwrap(), at(ms));
+        let text = reply.to_line();
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text}"
+        );
+        let back: Reply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, reply);
+        reply
+    };
+    let r = ask(
+        &mut n,
+        r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi","gpuplex.io/weight":"2","other":"x"}}"#,
+        0,
+    );
+    assert!(r.ok, "{r:?}");
+    let v = r.vgpu.unwrap();
+    assert_eq!((v.id.as_str(), v.weight, v.container), ("vgpu-1", 2, None));
+    assert_eq!(
+        v.gpus,
+        vec![AssignedGpu {
+            index: 0,
+            uuid: "GPU-fake-0".into(),
+            model: "Fake GPU".into(),
+            memory: 8 << 30
+        }]
+    );
+
+    let r = ask(
+        &mut n,
+        r#"{"op":"attach","vgpu":"vgpu-1","container":"c1","pid":42}"#,
+        10,
+    );
+    assert_eq!(r.vgpu.unwrap().container.as_deref(), Some("c1"));
+    // Attaching again is the same answer.
+    let again = ask(
+        &mut n,
+        r#"{"op":"attach","vgpu":"vgpu-1","container":"c1","pid":42}"#,
+        11,
+    );
+    assert!(again.ok);
+
+    let r = ask(
+        &mut n,
+        r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/gpu-memory":"9Gi"}}"#,
+        20,
+    );
+    assert!(!r.ok);
+    let e = r.error.unwrap();
+    assert!(
+        e.contains("GPU 0") && e.contains("8 GiB"),
+        "lists free memory: {e}"
+    );
+
+    let r = ask(
+        &mut n,
+        r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/priority":"urgent"}}"#,
+        21,
+    );
+    assert!(r.error.unwrap().contains("gpuplex.io/priority=`urgent`"));
+
+    let r = ask(&mut n, r#"{"op":"status"}"#, 30);
+    let status = r.status.unwrap();
+    assert_eq!(status.vgpus.len(), 1);
+    assert_eq!(status.gpus[0].unreserved, 8 << 30);
+
+    let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 40);
+    assert_eq!(r.vgpu.unwrap().id, "vgpu-1");
+    let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 41);
+    assert!(r.ok && r.vgpu.is_none(), "releasing twice is fine: {r:?}");
+    assert_eq!(Reply::error("a\nb").error.as_deref(), Some("a b"));
+}
+
+proptest::proptest! {
+    /// Whatever arrives on the socket, reading it never panics and an error is one line; and a
+    /// node handling whatever parses never panics either.
+    #[test]
+    fn any_bytes_get_a_reply(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+        match parse_request(&line) {
+            Ok(request) => {
+                let reply = node().handle(request, at(0));
+                proptest::prop_assert!(reply.to_line().ends_with('\n'));
+            }
+            Err(e) => proptest::prop_assert!(!e.to_string().contains('\n')),
+        }
+    }
+
+    /// The same for JSON objects with a known operation and arbitrary fields.
+    #[test]
+    fn any_fields_get_a_reply(
+        op in proptest::sample::select(OPERATIONS.to_vec()),
+        fields in proptest::collection::btree_map("[a-z]{1,10}", "[a-z0-9/.-]{0,12}", 0..5),
+    ) {
+        let mut object = serde_json::Map::new();
+        object.insert("op".into(), op.into());
+        for (k, v) in fields {
+            object.insert(k, v.into());
+        }
+        let line = serde_json::to_vec(&object).unwrap();
+        if let Ok(request) = parse_request(&line) {
+            let _ = node().handle(request, at(0));
+        }
+    }
+}
