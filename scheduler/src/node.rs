@@ -15,7 +15,7 @@
 //! The node service does the I/O around it: it reads the socket, finds cgroups, freezes and
 //! thaws, and persists the records ([`Node::records`], [`Node::restore`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use crate::config::SchedulerConfig;
@@ -146,6 +146,10 @@ pub struct Node {
     windows: WindowScheduler,
     records: BTreeMap<VgpuId, VgpuRecord>,
     by_container: HashMap<String, VgpuId>,
+    /// Reservations no container is attached to yet, by when they were made.
+    pending: BTreeSet<(Instant, VgpuId)>,
+    /// Attached vGPUs that no sample has reached yet: arrivals about to start work.
+    unsampled: HashSet<VgpuId>,
     next_id: u64,
 }
 
@@ -160,6 +164,8 @@ impl Node {
             inventory,
             records: BTreeMap::new(),
             by_container: HashMap::new(),
+            pending: BTreeSet::new(),
+            unsampled: HashSet::new(),
             next_id: 1,
         })
     }
@@ -210,20 +216,26 @@ impl Node {
         )?
         .ok_or(NodeError::NoRequest)?;
         let id = VgpuId(self.next_id);
-        // A GPU counts as having work when a vGPU there has work, or when a reservation there
-        // waits for its container: an arrival is about to start work, so that arrivals close
-        // together get different idle GPUs where there are enough, under either policy.
-        let (windows, records) = (&self.windows, &self.records);
-        let has_work = |g: GpuIndex| {
-            windows.gpu_has_work(g)
-                || records
-                    .values()
-                    .any(|r| r.attachment.is_none() && r.assignment.gpus.contains(&g))
-        };
+        // A GPU counts as having work when a vGPU there has work, or when an arrival there is
+        // about to start (a reservation waiting for its container, or a container no sample has
+        // reached yet), so that arrivals close together get different idle GPUs where there are
+        // enough, under either policy.
+        let records = &self.records;
+        let arriving = self
+            .pending
+            .iter()
+            .map(|&(_, v)| v)
+            .chain(self.unsampled.iter().copied());
+        let arriving: Vec<GpuIndex> = arriving
+            .flat_map(|v| records[&v].assignment.gpus.iter().copied())
+            .collect();
+        let windows = &self.windows;
+        let has_work = |g: GpuIndex| windows.gpu_has_work(g) || arriving.contains(&g);
         let assignment = self
             .inventory
             .assign(id, &request, self.config.policy, has_work)?;
         self.next_id += 1;
+        self.pending.insert((now, id));
         let record = VgpuRecord {
             id,
             annotations,
@@ -277,6 +289,8 @@ impl Node {
             .bind(vgpu, binding, now)
             .map_err(|source| NodeError::Schedule { vgpu, source })?;
         self.by_container.insert(attachment.container.clone(), vgpu);
+        self.unsampled.insert(vgpu);
+        self.pending.remove(&(record.reserved_at, vgpu));
         let record = self.records.get_mut(&vgpu).expect("checked above");
         record.attachment = Some(attachment);
         Ok(record)
@@ -314,6 +328,8 @@ impl Node {
         if let Some(a) = &record.attachment {
             self.by_container.remove(&a.container);
         }
+        self.unsampled.remove(&vgpu);
+        self.pending.remove(&(record.reserved_at, vgpu));
         let thaw = self.windows.unbind(vgpu, now);
         self.inventory.release(vgpu);
         Some(Released { record, thaw })
@@ -321,30 +337,25 @@ impl Node {
 
     /// Records an activity sample of an attached vGPU (see [`WindowScheduler::observe`]).
     pub fn observe(&mut self, vgpu: VgpuId, has_work: bool, now: Instant) -> bool {
+        if !self.unsampled.is_empty() {
+            self.unsampled.remove(&vgpu);
+        }
         self.windows.observe(vgpu, has_work, now)
     }
 
     /// Decides who runs now, and lets lapsed reservations go.
     pub fn decide(&mut self, now: Instant) -> NodeDecision {
         let ttl = self.config.reservation_ttl;
-        let lapsed_ids: Vec<VgpuId> = self
-            .records
-            .values()
-            .filter(|r| r.attachment.is_none() && now >= r.reserved_at + ttl)
-            .map(|r| r.id)
-            .collect();
-        let lapsed = lapsed_ids
-            .into_iter()
-            .filter_map(|v| self.release(&ReleaseKey::Vgpu(v), now))
-            .map(|r| r.record)
-            .collect();
+        let mut lapsed = Vec::new();
+        while let Some(&(reserved_at, vgpu)) = self.pending.first() {
+            if now < reserved_at + ttl {
+                break;
+            }
+            self.pending.pop_first();
+            lapsed.extend(self.release(&ReleaseKey::Vgpu(vgpu), now).map(|r| r.record));
+        }
         let Decision { actions, next_due } = self.windows.decide(now);
-        let next_lapse = self
-            .records
-            .values()
-            .filter(|r| r.attachment.is_none())
-            .map(|r| r.reserved_at + ttl)
-            .min();
+        let next_lapse = self.pending.first().map(|&(at, _)| at + ttl);
         NodeDecision {
             actions,
             lapsed,
@@ -384,6 +395,8 @@ impl Node {
                 return Err(NodeError::Schedule { vgpu, source });
             }
             self.by_container.insert(a.container.clone(), vgpu);
+        } else {
+            self.pending.insert((record.reserved_at, vgpu));
         }
         self.next_id = self.next_id.max(vgpu.0 + 1);
         self.records.insert(vgpu, record);

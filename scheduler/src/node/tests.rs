@@ -98,6 +98,43 @@ fn arrivals_close_together_get_different_idle_gpus_under_either_policy() {
 }
 
 #[test]
+fn registrations_close_together_get_different_idle_gpus_and_share_once_none_is_idle() {
+    for policy in [AssignmentPolicy::Spread, AssignmentPolicy::Pack] {
+        let mut n = node(2, policy);
+        let ids: Vec<VgpuId> = (0..3)
+            .map(|i| {
+                n.register(
+                    EIGHT.iter().copied(),
+                    container(&format!("c{i}"), i + 1),
+                    at(0),
+                )
+                .unwrap()
+                .id
+            })
+            .collect();
+        let gpu = |n: &Node, v: VgpuId| n.record(v).unwrap().assignment.gpus[0];
+        assert_ne!(gpu(&n, ids[0]), gpu(&n, ids[1]), "{policy:?}");
+        // Once sampled without work, they are no arrivals any more: pack fills one GPU again.
+        for &v in &ids {
+            n.observe(v, false, at(50));
+        }
+        let d = n
+            .register(EIGHT.iter().copied(), container("d", 9), at(60))
+            .unwrap()
+            .id;
+        let busiest = if n.inventory().bound(GpuIndex(0)) > 2 {
+            GpuIndex(0)
+        } else {
+            GpuIndex(1)
+        };
+        match policy {
+            AssignmentPolicy::Pack => assert_eq!(gpu(&n, d), busiest),
+            AssignmentPolicy::Spread => assert_ne!(gpu(&n, d), gpu(&n, ids[2])),
+        }
+    }
+}
+
+#[test]
 fn attach_binds_the_container_and_is_idempotent() {
     let mut n = node(1, AssignmentPolicy::Spread);
     let v = reserve(&mut n, EIGHT, 0).unwrap();

@@ -1,5 +1,5 @@
-//! A deterministic simulator: replays a scenario of GPUs and containers against the real
-//! inventory and window scheduler, in virtual time, and reports who got how much of which GPU
+//! A deterministic simulator: replays a scenario of GPUs and containers against the real node
+//! (the same `Node` the node service holds: inventory, window scheduler, registrations), in virtual time, and reports who got how much of which GPU
 //! and how long each waited.
 //!
 //! - [`scenario`]: the TOML scenario format, read and checked key by key.

@@ -1,4 +1,5 @@
-//! The event loop: replays a scenario against the real inventory and window scheduler.
+//! The event loop: replays a scenario against the real node (inventory and window scheduler),
+//! through the same calls the node service makes: register, observe, decide, release.
 //!
 //! Virtual time jumps from event to event: the next activity sample, the scheduler's
 //! `next_due`, a container's start or stop, a change of some running container's demand, or the
@@ -11,11 +12,10 @@
 //! of weight), advanced at every event in O(GPUs); a container reads the integrals of its GPUs
 //! when its own state changes. So an event costs O(GPUs + containers whose state changes), plus
 //! one `observe` per running container at sample ticks. Everything per container lives in plain
-//! vectors indexed by the container's position in the scenario; the container at position `p`
-//! is vGPU `VgpuId(p)`. Nothing is allocated per event.
+//! vectors indexed by the container's position in the scenario. Nothing is allocated per event.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use super::demand::{DemandCursor, SplitMix64};
@@ -23,9 +23,10 @@ use super::report::{micros, ContainerReport, GpuReport, Report};
 use super::scenario::Scenario;
 use super::timeline::Timeline;
 use crate::accounting::VgpuStats;
-use crate::inventory::{Gpu, Inventory, InventoryError};
-use crate::request::{Priority, VgpuRequest};
-use crate::windows::{Action, Binding, WindowScheduler};
+use crate::inventory::{Gpu, InventoryError};
+use crate::node::{Attachment, Node, ReleaseKey, Target};
+use crate::request::Priority;
+use crate::windows::Action;
 use crate::{GpuIndex, Instant, VgpuId};
 
 /// Replays `scenario` and reports what happened.
@@ -131,14 +132,13 @@ fn class_of(priority: Priority) -> usize {
     }
 }
 
-fn vgpu(c: usize) -> VgpuId {
-    VgpuId(c as u64)
-}
-
 struct Engine<'a> {
     scenario: &'a Scenario,
-    inventory: Inventory,
-    scheduler: WindowScheduler,
+    node: Node,
+    /// Each container's vGPU, once registered.
+    vgpus: Vec<Option<VgpuId>>,
+    /// The container of each vGPU.
+    containers_of: HashMap<VgpuId, usize>,
     containers: Vec<Container>,
     demand: Vec<DemandCursor>,
     gpus: Vec<GpuLive>,
@@ -152,8 +152,6 @@ struct Engine<'a> {
     stops: Vec<usize>,
     next_stop: usize,
     last_sample: Instant,
-    /// Scratch for one assignment batch.
-    batch: Vec<(VgpuId, VgpuRequest)>,
     timeline: Option<Timeline>,
 }
 
@@ -170,9 +168,7 @@ impl<'a> Engine<'a> {
                 memory: spec.memory,
             })
             .collect();
-        let indexes: Vec<GpuIndex> = gpus.iter().map(|g| g.index).collect();
-        let inventory = Inventory::new(gpus, scenario.scheduler.memory_overcommit)?;
-        let scheduler = WindowScheduler::new(indexes, &scenario.scheduler);
+        let node = Node::new(gpus, scenario.scheduler.clone())?;
         let n = scenario.containers.len();
         let containers = scenario
             .containers
@@ -215,8 +211,9 @@ impl<'a> Engine<'a> {
         stops.sort_by_key(|&c| (scenario.containers[c].stop, c));
         Ok(Engine {
             scenario,
-            inventory,
-            scheduler,
+            node,
+            vgpus: vec![None; n],
+            containers_of: HashMap::with_capacity(n),
             containers,
             demand,
             gpus: vec![GpuLive::default(); scenario.gpus.len()],
@@ -226,7 +223,6 @@ impl<'a> Engine<'a> {
             stops,
             next_stop: 0,
             last_sample: Instant::ZERO,
-            batch: Vec::new(),
             timeline,
         })
     }
@@ -406,8 +402,10 @@ impl<'a> Engine<'a> {
     /// Unbinds and releases a running container, keeping its statistics with its open wait
     /// closed at `now` (as the scheduler closes it when it unbinds).
     fn stop(&mut self, c: usize, now: Instant) {
-        let id = vgpu(c);
-        if let Some(view) = self.scheduler.vgpu(id) {
+        let Some(id) = self.vgpus[c] else {
+            return;
+        };
+        if let Some(view) = self.node.windows().vgpu(id) {
             let mut stats = view.stats;
             if let Some(since) = view.waiting_since {
                 let wait = now - since;
@@ -416,8 +414,7 @@ impl<'a> Engine<'a> {
             }
             self.containers[c].stats = Some(stats);
         }
-        self.scheduler.unbind(id, now);
-        self.inventory.release(id);
+        self.node.release(&ReleaseKey::Vgpu(id), now);
         self.containers[c].phase = Phase::Done;
         self.containers[c].frozen = false;
         self.refresh(c, now);
@@ -436,36 +433,26 @@ impl<'a> Engine<'a> {
         if first == self.next_start {
             return false;
         }
-        self.batch.clear();
-        for &c in &self.starts[first..self.next_start] {
-            let request = self.scenario.containers[c].request.clone();
-            self.batch.push((vgpu(c), request));
-        }
-        let policy = self.scenario.scheduler.policy;
-        let scheduler = &self.scheduler;
-        let results = self
-            .inventory
-            .assign_batch(&self.batch, policy, |g| scheduler.gpu_has_work(g));
-        for (i, result) in results.into_iter().enumerate() {
-            let c = self.starts[first + i];
-            let assignment = match result {
-                Ok(assignment) => assignment,
+        for i in first..self.next_start {
+            let c = self.starts[i];
+            let spec = &self.scenario.containers[c];
+            let annotations = spec
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()));
+            let attachment = Attachment {
+                container: format!("sim-{c}"),
+                target: Target::Cgroup(format!("/gpuplex-sim/{c}")),
+            };
+            let assignment = match self.node.register(annotations, attachment, now) {
+                Ok(record) => record.assignment.clone(),
                 Err(e) => {
                     self.reject(c, e.to_string());
                     continue;
                 }
             };
-            let request = &self.scenario.containers[c].request;
-            let binding = Binding {
-                gpus: assignment.gpus.clone(),
-                weight: request.weight,
-                priority: request.priority,
-            };
-            if let Err(e) = self.scheduler.bind(vgpu(c), binding, now) {
-                self.inventory.release(vgpu(c));
-                self.reject(c, e.to_string());
-                continue;
-            }
+            self.vgpus[c] = Some(assignment.vgpu);
+            self.containers_of.insert(assignment.vgpu, c);
             let container = &mut self.containers[c];
             container.gpus = assignment.gpus.iter().map(|g| g.0 as usize).collect();
             container.phase = Phase::Running;
@@ -492,7 +479,9 @@ impl<'a> Engine<'a> {
             }
             let worked = container.worked
                 || (container.uses && now > container.using_since.max(self.last_sample));
-            self.scheduler.observe(vgpu(c), worked, now);
+            if let Some(id) = self.vgpus[c] {
+                self.node.observe(id, worked, now);
+            }
             container.worked = false;
         }
         self.last_sample = now;
@@ -500,13 +489,15 @@ impl<'a> Engine<'a> {
 
     /// Asks the scheduler who runs now and applies its orders; returns its `next_due`.
     fn decide(&mut self, now: Instant) -> Option<Instant> {
-        let decision = self.scheduler.decide(now);
+        let decision = self.node.decide(now);
         for &action in &decision.actions {
             let (id, frozen) = match action {
                 Action::Freeze(id) => (id, true),
                 Action::Thaw(id) => (id, false),
             };
-            let c = id.0 as usize;
+            let Some(&c) = self.containers_of.get(&id) else {
+                continue;
+            };
             if let Some(container) = self.containers.get_mut(c) {
                 container.frozen = frozen;
                 self.refresh(c, now);
@@ -565,7 +556,8 @@ impl<'a> Engine<'a> {
                 model: spec.model.clone(),
                 busy_fraction: micros(live.busy / duration),
                 switches: self
-                    .scheduler
+                    .node
+                    .windows()
                     .gpu(GpuIndex(g as u32))
                     .map_or(0, |view| view.stats.switches),
             })

@@ -20,7 +20,7 @@
 //! Every key is checked; a mistake is reported as one line that names the key and says what is
 //! accepted.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -71,6 +71,8 @@ pub struct GpuSpec {
 pub struct ContainerSpec {
     /// Its name, unique in the scenario.
     pub name: String,
+    /// Its annotations, as written.
+    pub annotations: BTreeMap<String, String>,
     /// Its vGPU request, parsed from its annotations.
     pub request: VgpuRequest,
     /// When it is created.
@@ -354,6 +356,7 @@ fn container_of(
     };
     Ok(ContainerSpec {
         name,
+        annotations: annotations.into_iter().collect(),
         request,
         start,
         stop,

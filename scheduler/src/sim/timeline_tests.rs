@@ -36,6 +36,7 @@ fn container(name: &str, gpus: Vec<u32>, weight: u32, priority: &'static str) ->
 fn tiny() -> (Scenario, Report, Timeline) {
     let spec = |name: &str| ContainerSpec {
         name: name.into(),
+        annotations: Default::default(),
         request: VgpuRequest::default(),
         start: Instant::ZERO,
         stop: at(1000),
