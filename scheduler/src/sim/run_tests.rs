@@ -291,3 +291,77 @@ fn gpus_integrate_the_promised_fractions() {
         assert_eq!((gpu.busy, gpu.share), (1000.0, 1000.0));
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random scenarios replay without panicking, and every report adds up: no GPU is busy more
+    /// than all the time, its users' GPU time fits in its busy time, shares are fractions, wait
+    /// quantiles are ordered, and demand fits between start and stop.
+    #[test]
+    fn any_scenario_adds_up(
+        gpus in 1usize..=3,
+        containers in proptest::collection::vec(
+            (
+                1u32..=3,
+                1u32..=10,
+                proptest::sample::select(vec!["high", "normal", "normal", "normal", "low"]),
+                1u32..=2,
+                0u64..20,
+                proptest::sample::select(vec![
+                    "\"busy\"".to_string(),
+                    "\"idle\"".to_string(),
+                    "{ on = \"700ms\", off = \"1.3s\" }".to_string(),
+                    "{ on_mean = \"300ms\", off_mean = \"900ms\" }".to_string(),
+                ]),
+            ),
+            1..8,
+        ),
+        seed in 0u64..1_000,
+    ) {
+        let mut text = format!("duration = \"30s\"\nseed = {seed}\n");
+        for _ in 0..gpus {
+            text.push_str("[[gpu]]\nmodel = \"NVIDIA A100-SXM4-40GB\"\nmemory = \"40Gi\"\n");
+        }
+        for (i, (gib, weight, priority, count, start, demand)) in containers.iter().enumerate() {
+            text.push_str(&format!(
+                "[[container]]\nname = \"c{i}\"\nstart = \"{start}s\"\ndemand = {demand}\n\
+                 annotations = {{ \"gpuplex.io/gpu-memory\" = \"{}Gi\", \"gpuplex.io/weight\" = \"{weight}\", \
+                 \"gpuplex.io/priority\" = \"{priority}\", \"gpuplex.io/gpus\" = \"{count}\" }}\n",
+                gib * 8
+            ));
+        }
+        let scenario = Scenario::parse(&text, "random.toml").unwrap();
+        let report = run(&scenario).unwrap();
+        let duration = 30.0;
+        for gpu in &report.gpus {
+            proptest::prop_assert!((0.0..=1.0).contains(&gpu.busy_fraction), "{gpu:?}");
+            let used: f64 = report
+                .containers
+                .iter()
+                // A multi-GPU container's time may differ between its GPUs (two `high` ones
+                // share one GPU and not the other): count the single-GPU users only.
+                .filter(|c| c.gpus == [gpu.index])
+                .map(|c| c.gpu_seconds.unwrap_or(0.0))
+                .sum();
+            proptest::prop_assert!(used <= gpu.busy_fraction * duration + 1e-3, "GPU {}: {used} s used, busy {}", gpu.index, gpu.busy_fraction);
+        }
+        for (c, spec) in report.containers.iter().zip(&scenario.containers) {
+            if c.rejected.is_some() {
+                proptest::prop_assert!(c.gpus.is_empty() && c.gpu_seconds.is_none());
+                continue;
+            }
+            let life = (spec.stop - spec.start).as_secs_f64();
+            proptest::prop_assert!(c.demand_seconds.unwrap() <= life + 1e-6);
+            proptest::prop_assert!(c.gpu_seconds.unwrap() <= c.demand_seconds.unwrap() * c.gpus.len() as f64 + 1e-6);
+            if let Some(share) = c.share {
+                proptest::prop_assert!((0.0..=1.0 + 1e-9).contains(&share), "{c:?}");
+            }
+            let (p50, p95, p99, max) = (c.wait_p50.unwrap(), c.wait_p95.unwrap(), c.wait_p99.unwrap(), c.max_wait.unwrap());
+            proptest::prop_assert!(p50 <= p95 && p95 <= p99 && p99 <= max && max <= c.wait_seconds.unwrap() + 1e-6, "{c:?}");
+            if spec.request.priority == crate::request::Priority::High {
+                proptest::prop_assert_eq!(c.wait_seconds.unwrap(), 0.0, "high never waits");
+            }
+        }
+    }
+}
