@@ -19,7 +19,9 @@
 //!   GPU were shared continuously by weight. A vGPU that gets work is lifted to that clock on
 //!   each of its GPUs (never lowered), so time spent idle is not banked against the others and a
 //!   newcomer queues behind those the GPU already owes; shares of continuously busy vGPUs
-//!   converge to their weights. Ties go to the one queued first.
+//!   converge to their weights. Ties go to the one queued first. When a window ends, its
+//!   holder's virtual time is capped at one slice past the clock: a vGPU that kept a GPU busy
+//!   while the others could not run (waiting for their other GPUs) does not pay that back later.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
 //!   every one of them, it reserves them, so it waits at most for the longest window in progress
 //!   on its GPUs. Meanwhile a reserved GPU whose window ends is *lent* to the next single-GPU
@@ -499,15 +501,22 @@ impl WindowScheduler {
         }
     }
 
+    /// Ends `holder`'s window. Its virtual time on each of its GPUs is capped at one slice past
+    /// the GPU's clock: time it ran beyond that was time nobody else could use (the others were
+    /// waiting for their other GPUs, or for a `high` vGPU), and is not paid back by waiting.
     fn end_window(&mut self, holder: VgpuId, now: Instant) {
         let queued = self.next_queue_position();
+        let lead = VirtualTime::of(self.slice);
         let state = self.vgpus.get_mut(&holder).expect("holder is bound");
         state.window_end = None;
         state.window_ended_at = Some(now);
         state.queued = queued;
-        for &q in &state.positions {
-            self.gpus[q].holder = None;
-            self.gpus[q].lent = false;
+        let class = state.class();
+        for (&q, virtual_time) in state.positions.iter().zip(&mut state.virtual_times) {
+            let gpu = &mut self.gpus[q];
+            gpu.holder = None;
+            gpu.lent = false;
+            virtual_time.cap_at(gpu.clock[class].time + lead);
         }
     }
 

@@ -71,6 +71,18 @@ impl VirtualTime {
         self.remainder = scaled % weight;
     }
 
+    /// The virtual time a vGPU of weight 1 gains in `span`.
+    pub(super) fn of(span: Duration) -> u128 {
+        span.as_nanos() * VIRTUAL_SCALE
+    }
+
+    pub(super) fn cap_at(&mut self, cap: u128) {
+        if self.time > cap {
+            self.time = cap;
+            self.remainder = 0;
+        }
+    }
+
     pub(super) fn lift_to(&mut self, clock: u128) {
         if clock > self.time {
             self.time = clock;

@@ -515,3 +515,22 @@ fn a_thawed_vgpu_whose_first_sample_shows_no_work_passes_its_window_at_once() {
     assert_eq!(d.actions, vec![Action::Thaw(v(1))]);
     assert!(!n.s.vgpu(v(2)).unwrap().has_work);
 }
+
+#[test]
+fn time_nobody_else_could_use_is_not_paid_back_by_waiting() {
+    // GPU 2 is shared by a weight-1 vGPU and two multi-GPU ones that often wait for GPU 0. While
+    // they wait, the small one keeps GPU 2 busy; charged in full, that lead cost it a 17 s wait
+    // later (found by the wait-bound property). Capped at one slice past the GPU's clock, its
+    // wait stays within the bound: 2 × slice × the other weights + one sample.
+    let mut n = Node::new(3);
+    n.bind(10, &[1, 2], 10, Priority::Normal);
+    n.bind(11, &[0], 5, Priority::Normal);
+    n.bind(12, &[2], 1, Priority::Normal);
+    n.bind(13, &[0, 1, 2], 7, Priority::Normal);
+    n.run(0, 30_000, |_, _| true);
+    let worst = n.stats(12).waits.max();
+    assert!(
+        worst <= Duration::from_millis(2 * 200 * 22 + 50),
+        "waited {worst:?}"
+    );
+}
