@@ -5,12 +5,17 @@
 #               node service and the podman hook land)
 #   make test   what CI runs: format check, clippy with warnings as errors, every test
 #   make bench  criterion benchmarks of the scheduler core (docs/benchmarks.md)
+#   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 
 CARGO  ?= cargo
 PREFIX ?= /usr/local
 DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 
-.PHONY: all build demo test fmt-check clippy bench install
+# The property tests explore a fixed seed in `make test`, so a run is reproducible and CI does not
+# depend on luck; `make properties` explores fresh random cases, many more of them.
+PROPTEST_SEED ?= 20261129
+
+.PHONY: all build demo test fmt-check clippy bench properties install
 
 all: build
 
@@ -24,7 +29,7 @@ demo: build
 	./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO)
 
 test: fmt-check clippy
-	$(CARGO) test --workspace --locked
+	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -34,6 +39,9 @@ clippy:
 
 bench:
 	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
+
+properties:
+	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
 
 # Installs what exists today: the simulator, and the documented configuration (never over an
 # existing one).
