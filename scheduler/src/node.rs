@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use crate::accounting::VgpuStats;
 use crate::config::SchedulerConfig;
 use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
 use crate::request::{RequestError, VgpuRequest};
@@ -75,6 +76,8 @@ pub struct Released {
     pub record: VgpuRecord,
     /// `Some(Action::Thaw)` when its container was frozen and must be thawed.
     pub thaw: Option<Action>,
+    /// What it received and waited while attached (`None`: it never was).
+    pub stats: Option<VgpuStats>,
 }
 
 /// The result of [`Node::decide`].
@@ -330,9 +333,13 @@ impl Node {
         }
         self.unsampled.remove(&vgpu);
         self.pending.remove(&(record.reserved_at, vgpu));
-        let thaw = self.windows.unbind(vgpu, now);
+        let unbound = self.windows.unbind(vgpu, now);
         self.inventory.release(vgpu);
-        Some(Released { record, thaw })
+        Some(Released {
+            record,
+            thaw: unbound.as_ref().and_then(|u| u.thaw),
+            stats: unbound.map(|u| u.stats),
+        })
     }
 
     /// Records an activity sample of an attached vGPU (see [`WindowScheduler::observe`]).

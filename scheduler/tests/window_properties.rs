@@ -158,7 +158,7 @@ impl Node {
                 self.s.bind(VgpuId(id), binding, at(t)).unwrap();
                 self.bound.insert(id);
             } else if !live && self.bound.remove(&id) {
-                let thaw = self.s.unbind(VgpuId(id), at(t));
+                let thaw = self.s.unbind(VgpuId(id), at(t)).unwrap().thaw;
                 assert_eq!(thaw.is_some(), self.frozen.remove(&id), "unbind of {id}");
                 self.frozen_at.remove(&id);
             }

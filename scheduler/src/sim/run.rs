@@ -399,22 +399,13 @@ impl<'a> Engine<'a> {
         any
     }
 
-    /// Unbinds and releases a running container, keeping its statistics with its open wait
-    /// closed at `now` (as the scheduler closes it when it unbinds).
+    /// Releases a running container, keeping its statistics (an open wait closed at `now`).
     fn stop(&mut self, c: usize, now: Instant) {
         let Some(id) = self.vgpus[c] else {
             return;
         };
-        if let Some(view) = self.node.windows().vgpu(id) {
-            let mut stats = view.stats;
-            if let Some(since) = view.waiting_since {
-                let wait = now - since;
-                stats.wait_time += wait;
-                stats.waits.record(wait);
-            }
-            self.containers[c].stats = Some(stats);
-        }
-        self.node.release(&ReleaseKey::Vgpu(id), now);
+        let released = self.node.release(&ReleaseKey::Vgpu(id), now);
+        self.containers[c].stats = released.and_then(|r| r.stats);
         self.containers[c].phase = Phase::Done;
         self.containers[c].frozen = false;
         self.refresh(c, now);

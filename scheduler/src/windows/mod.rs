@@ -75,6 +75,15 @@ pub struct Decision {
     pub next_due: Option<Instant>,
 }
 
+/// What [`WindowScheduler::unbind`] leaves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unbound {
+    /// `Some(Action::Thaw)` when it was frozen and still needs thawing.
+    pub thaw: Option<Action>,
+    /// What it received and waited, its last wait (if it was waiting) included.
+    pub stats: VgpuStats,
+}
+
 /// Why a vGPU could not be bound.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BindError {
@@ -220,9 +229,9 @@ impl WindowScheduler {
         Ok(())
     }
 
-    /// Unbinds a vGPU; returns `Some(Action::Thaw)` when it was frozen and still needs thawing.
-    /// Its window, if it held one, ends; the next `decide` passes it on.
-    pub fn unbind(&mut self, vgpu: VgpuId, now: Instant) -> Option<Action> {
+    /// Unbinds a vGPU (`None`: it was not bound). Its window, if it held one, ends; the next
+    /// `decide` passes it on.
+    pub fn unbind(&mut self, vgpu: VgpuId, now: Instant) -> Option<Unbound> {
         let now = self.advance(now);
         let mut state = self.vgpus.remove(&vgpu)?;
         for &p in &state.positions {
@@ -237,12 +246,12 @@ impl WindowScheduler {
                 gpu.reserved_for = None;
             }
         }
-        if state.frozen {
-            end_wait(&mut state, now);
-            Some(Action::Thaw(vgpu))
-        } else {
-            None
-        }
+        let thaw = state.frozen.then_some(Action::Thaw(vgpu));
+        end_wait(&mut state, now);
+        Some(Unbound {
+            thaw,
+            stats: state.stats,
+        })
     }
 
     /// Records an activity sample: whether `vgpu` showed GPU work since its previous sample.

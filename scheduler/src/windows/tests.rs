@@ -338,20 +338,20 @@ fn unbinding_the_holder_passes_the_window_and_a_frozen_one_is_thawed() {
     n.sample(0, &[1]);
     n.sample(50, &[1, 2, 3]);
     assert_eq!(n.frozen(), vec![2, 3]);
-    assert_eq!(n.s.unbind(v(1), at(60)), None);
+    assert_eq!(n.s.unbind(v(1), at(60)).unwrap().thaw, None);
     let d = n.decide(60);
     assert_eq!(d.actions.len(), 1);
-    n.apply(&[]);
     let next = match d.actions[0] {
         Action::Thaw(id) => id.0,
         other => panic!("{other:?}"),
     };
     let still_frozen = 5 - next;
     assert_eq!(n.frozen(), vec![still_frozen]);
-    assert_eq!(
-        n.s.unbind(v(still_frozen), at(70)),
-        Some(Action::Thaw(v(still_frozen)))
-    );
+    let unbound = n.s.unbind(v(still_frozen), at(70)).unwrap();
+    assert_eq!(unbound.thaw, Some(Action::Thaw(v(still_frozen))));
+    // Its last wait, 50 ms to 70 ms, is counted.
+    assert_eq!(unbound.stats.waits.count(), 1);
+    assert_eq!(unbound.stats.wait_time, Duration::from_millis(20));
     assert_eq!(n.s.unbind(v(still_frozen), at(70)), None, "already gone");
     assert!(!n.s.observe(v(still_frozen), true, at(80)));
 }
