@@ -176,6 +176,7 @@ impl WindowScheduler {
                     reserved_for: None,
                     lent: false,
                     high_busy: false,
+                    normal_busy: false,
                     clock: [VirtualTime::default(); 2],
                     stats: GpuStats::default(),
                 })
@@ -295,10 +296,13 @@ impl WindowScheduler {
         let now = self.advance(now);
         self.expire_work(now);
         for gpu in &mut self.gpus {
-            gpu.high_busy = gpu
-                .with_work
-                .iter()
-                .any(|v| self.vgpus[v].binding.priority == Priority::High);
+            let has = |p| {
+                gpu.with_work
+                    .iter()
+                    .any(|v| self.vgpus[v].binding.priority == p)
+            };
+            gpu.high_busy = has(Priority::High);
+            gpu.normal_busy = has(Priority::Normal);
         }
         self.end_windows(now);
         self.drop_stale_reservations();
@@ -495,12 +499,7 @@ impl WindowScheduler {
             let state = &self.vgpus[&holder];
             let preempted = state.positions.iter().any(|&q| {
                 let gpu = &self.gpus[q];
-                gpu.high_busy
-                    || state.binding.priority == Priority::Low
-                        && gpu
-                            .with_work
-                            .iter()
-                            .any(|v| self.vgpus[v].binding.priority == Priority::Normal)
+                gpu.high_busy || state.binding.priority == Priority::Low && gpu.normal_busy
             });
             let over = state.window_end.is_none_or(|end| now >= end);
             if state.has_work && !over && !preempted {
@@ -574,12 +573,7 @@ impl WindowScheduler {
     fn eligible(&self, state: &VgpuState) -> bool {
         state.positions.iter().all(|&p| {
             let gpu = &self.gpus[p];
-            !gpu.high_busy
-                && (state.binding.priority != Priority::Low
-                    || !gpu
-                        .with_work
-                        .iter()
-                        .any(|v| self.vgpus[v].binding.priority == Priority::Normal))
+            !gpu.high_busy && (state.binding.priority != Priority::Low || !gpu.normal_busy)
         })
     }
 
@@ -602,15 +596,7 @@ impl WindowScheduler {
                     continue;
                 }
             }
-            let class = if gpu
-                .with_work
-                .iter()
-                .any(|v| self.vgpus[v].binding.priority == Priority::Normal)
-            {
-                0
-            } else {
-                1
-            };
+            let class = if gpu.normal_busy { 0 } else { 1 };
             let mut candidates = std::mem::take(&mut self.candidates);
             candidates.clear();
             candidates.extend(

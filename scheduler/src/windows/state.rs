@@ -26,6 +26,8 @@ pub(super) struct GpuState {
     pub(super) lent: bool,
     /// Set during `decide`: a `high` vGPU here has work.
     pub(super) high_busy: bool,
+    /// Set during `decide`: a `normal` vGPU here has work (`low` ones may not run).
+    pub(super) normal_busy: bool,
     /// For the `normal` and the `low` class: the GPU's virtual clock, which moves at
     /// 1 / (sum of the weights with work in that class) while it serves that class.
     pub(super) clock: [VirtualTime; 2],
