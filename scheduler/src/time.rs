@@ -51,6 +51,15 @@ impl Add<Duration> for Instant {
     }
 }
 
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    /// Saturating at the origin.
+    fn sub(self, d: Duration) -> Instant {
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Instant(self.0.saturating_sub(d))
+    }
+}
+
 impl Sub<Instant> for Instant {
     type Output = Duration;
     /// Saturating: an earlier minus a later instant is zero.
@@ -231,6 +240,8 @@ mod tests {
             Instant::from_nanos(u64::MAX)
         );
         assert_eq!(Instant::ZERO - a, Duration::ZERO);
+        assert_eq!(a - Duration::from_nanos(7), Instant::ZERO);
+        assert_eq!(a - Duration::from_nanos(2), Instant::from_nanos(3));
         assert_eq!(a - Instant::ZERO, Duration::from_nanos(5));
         assert_eq!(Instant::from_duration(Duration::MAX).as_nanos(), u64::MAX);
     }

@@ -273,12 +273,7 @@ impl WindowScheduler {
             // grace later, and its window passes on.
             let grace = self.idle_grace;
             match thawed_at {
-                Some(at) if now.saturating_since(at) >= grace / 4 => {
-                    state.last_work = Instant::from_nanos(
-                        now.as_nanos()
-                            .saturating_sub(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX)),
-                    );
-                }
+                Some(at) if now.saturating_since(at) >= grace / 4 => state.last_work = now - grace,
                 Some(at) => state.thawed_at = Some(at),
                 None => {}
             }
