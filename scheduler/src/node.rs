@@ -16,13 +16,12 @@
 //! thaws, and persists the records ([`Node::records`], [`Node::restore`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::Duration;
 
 use crate::accounting::VgpuStats;
 use crate::config::SchedulerConfig;
 use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
 use crate::request::{RequestError, VgpuRequest};
-use crate::windows::{Action, BindError, Binding, Decision, RunState, WindowScheduler};
+use crate::windows::{Action, BindError, Binding, Decision, WindowScheduler};
 use crate::{GpuIndex, Instant, VgpuId};
 
 /// What a vGPU is attached to: a container and where its processes are.
@@ -48,7 +47,8 @@ pub enum Target {
 pub struct VgpuRecord {
     /// Its id.
     pub id: VgpuId,
-    /// The `gpuplex.io/` annotations it was asked with, as given.
+    /// The `gpuplex.io/` annotations it was asked with, as given, and those naming its pod
+    /// ([`crate::request::POD_NAME_KEYS`], [`crate::request::POD_NAMESPACE_KEYS`]).
     pub annotations: BTreeMap<String, String>,
     /// The request they make.
     pub request: VgpuRequest,
@@ -211,7 +211,7 @@ impl Node {
     ) -> Result<&VgpuRecord, NodeError> {
         let annotations: BTreeMap<String, String> = annotations
             .into_iter()
-            .filter(|(k, _)| k.starts_with(crate::request::PREFIX))
+            .filter(|(k, _)| k.starts_with(crate::request::PREFIX) || is_pod_key(k))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let request = VgpuRequest::from_annotations(
@@ -409,86 +409,11 @@ impl Node {
         self.records.insert(vgpu, record);
         Ok(())
     }
+}
 
-    /// What `gpuplexctl status` shows, as of the last decision.
-    pub fn status(&self, now: Instant) -> NodeStatus {
-        let gpus = self
-            .inventory
-            .gpus()
-            .iter()
-            .map(|gpu| {
-                let view = self.windows.gpu(gpu.index);
-                GpuStatus {
-                    index: gpu.index.0,
-                    uuid: gpu.uuid.clone(),
-                    model: gpu.model.clone(),
-                    memory: gpu.memory,
-                    unreserved: self.inventory.unreserved(gpu.index),
-                    holder: view
-                        .as_ref()
-                        .and_then(|v| v.holder)
-                        .and_then(|h| self.container_name(h)),
-                    busy_seconds: view
-                        .as_ref()
-                        .map_or(0.0, |v| v.stats.busy_time.as_secs_f64()),
-                    switches: view.as_ref().map_or(0, |v| v.stats.switches),
-                    vgpus: self
-                        .records
-                        .values()
-                        .filter(|r| r.assignment.gpus.contains(&gpu.index))
-                        .map(|r| r.id.to_string())
-                        .collect(),
-                }
-            })
-            .collect();
-        let vgpus = self
-            .records
-            .values()
-            .map(|r| {
-                let view = self.windows.vgpu(r.id);
-                let state = match &view {
-                    None => VgpuState::Reserved,
-                    Some(v) if v.state == RunState::Frozen => VgpuState::Frozen,
-                    Some(v) if v.has_work => VgpuState::Running,
-                    Some(_) => VgpuState::Idle,
-                };
-                let stats = view.as_ref().map(|v| v.stats.clone()).unwrap_or_default();
-                let waiting = view
-                    .as_ref()
-                    .and_then(|v| v.waiting_since)
-                    .map_or(Duration::ZERO, |since| now.saturating_since(since));
-                VgpuStatus {
-                    id: r.id.to_string(),
-                    container: r.attachment.as_ref().map(|a| a.container.clone()),
-                    gpus: r.assignment.gpus.iter().map(|g| g.0).collect(),
-                    memory: r
-                        .assignment
-                        .gpus
-                        .iter()
-                        .map(|&g| self.inventory.entitlement(r.id, g).unwrap_or(0))
-                        .collect(),
-                    weight: r.request.weight,
-                    priority: r.request.priority,
-                    state,
-                    gpu_seconds: stats.gpu_time.as_secs_f64(),
-                    wait_seconds: (stats.wait_time + waiting).as_secs_f64(),
-                    waiting_seconds: waiting.as_secs_f64(),
-                    windows: stats.windows,
-                }
-            })
-            .collect();
-        NodeStatus { gpus, vgpus }
-    }
-
-    fn container_name(&self, vgpu: VgpuId) -> Option<String> {
-        let record = self.records.get(&vgpu)?;
-        Some(
-            record
-                .attachment
-                .as_ref()
-                .map_or_else(|| vgpu.to_string(), |a| a.container.clone()),
-        )
-    }
+fn is_pod_key(key: &str) -> bool {
+    use crate::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS};
+    POD_NAME_KEYS.contains(&key) || POD_NAMESPACE_KEYS.contains(&key)
 }
 
 fn check_container_id(id: &str) -> Result<(), NodeError> {
@@ -498,78 +423,8 @@ fn check_container_id(id: &str) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// A snapshot of the node for people and tools.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct NodeStatus {
-    /// Every GPU, by index.
-    pub gpus: Vec<GpuStatus>,
-    /// Every vGPU, by id.
-    pub vgpus: Vec<VgpuStatus>,
-}
-
-/// One GPU in a [`NodeStatus`].
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GpuStatus {
-    /// Host index.
-    pub index: u32,
-    /// UUID.
-    pub uuid: String,
-    /// Model name.
-    pub model: String,
-    /// Memory in bytes.
-    pub memory: u64,
-    /// Memory no entitlement holds, in bytes.
-    pub unreserved: u64,
-    /// The container (or vGPU, if unattached) holding its window.
-    pub holder: Option<String>,
-    /// Seconds some vGPU ran on it with work.
-    pub busy_seconds: f64,
-    /// Windows passed from one vGPU to another.
-    pub switches: u64,
-    /// The vGPUs assigned to it.
-    pub vgpus: Vec<String>,
-}
-
-/// What a vGPU is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VgpuState {
-    /// Reserved; no container attached yet.
-    Reserved,
-    /// Running with work.
-    Running,
-    /// Frozen, waiting for a window.
-    Frozen,
-    /// Running without work.
-    Idle,
-}
-
-/// One vGPU in a [`NodeStatus`].
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct VgpuStatus {
-    /// Its id (`vgpu-7`).
-    pub id: String,
-    /// Its container, once attached.
-    pub container: Option<String>,
-    /// Its GPUs' indexes.
-    pub gpus: Vec<u32>,
-    /// Its memory entitlement on each of its GPUs, in bytes.
-    pub memory: Vec<u64>,
-    /// Share weight.
-    pub weight: u32,
-    /// Priority class.
-    pub priority: crate::request::Priority,
-    /// What it is doing.
-    pub state: VgpuState,
-    /// GPU seconds received, summed over its GPUs.
-    pub gpu_seconds: f64,
-    /// Seconds spent frozen waiting, the current wait included.
-    pub wait_seconds: f64,
-    /// How long its current wait has lasted (0 when not waiting).
-    pub waiting_seconds: f64,
-    /// Windows received.
-    pub windows: u64,
-}
+mod status;
+pub use status::{ContainerState, ContainerStatus, GpuStatus, NodeStatus, ReservationStatus};
 
 #[cfg(test)]
 mod tests;

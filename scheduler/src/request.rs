@@ -38,6 +38,14 @@ pub const PRIORITY: &str = "gpuplex.io/priority";
 pub const VGPU_ID: &str = "gpuplex.io/vgpu-id";
 /// The keys a user writes to ask for a vGPU, in the order they are documented.
 pub const REQUEST_KEYS: [&str; 5] = [GPUS, GPU_MEMORY, GPU_MODEL, WEIGHT, PRIORITY];
+/// Annotations that name a container's Kubernetes pod (containerd's CRI plugin writes the
+/// `sandbox` ones, kubelet's labels the others). Kept with a vGPU for metrics and status.
+pub const POD_NAME_KEYS: [&str; 2] = ["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+/// Annotations that name a container's Kubernetes namespace.
+pub const POD_NAMESPACE_KEYS: [&str; 2] = [
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
 /// The most GPUs one request may ask for.
 pub const MAX_GPUS: u32 = 1024;
 /// The largest share weight.

@@ -3,6 +3,7 @@
 use super::*;
 use crate::inventory::AssignmentPolicy;
 use crate::request::Priority;
+use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 
@@ -53,7 +54,11 @@ fn a_reservation_holds_memory_until_released() {
     assert_eq!(record.assignment.gpus, vec![GpuIndex(0)]);
     assert_eq!(record.annotations["gpuplex.io/gpu-memory"], "8Gi");
     assert_eq!(n.inventory().unreserved(GpuIndex(0)), 32 * GIB);
-    assert_eq!(n.status(at(0)).vgpus[0].state, VgpuState::Reserved);
+    let status = n.status(at(1000));
+    assert_eq!(status.containers.len(), 0);
+    assert_eq!(status.reservations[0].vgpu, "vgpu-1");
+    assert!((status.reservations[0].expires_in_seconds - 59.0).abs() < 1e-9);
+    assert_eq!(status.gpus[0].reservations, vec!["vgpu-1".to_string()]);
     let released = n.release(&ReleaseKey::Vgpu(v), at(10)).unwrap();
     assert_eq!((released.record.id, released.thaw), (v, None));
     assert_eq!(n.inventory().unreserved(GpuIndex(0)), 40 * GIB);
@@ -142,7 +147,10 @@ fn attach_binds_the_container_and_is_idempotent() {
     assert_eq!(first.attachment, Some(container("c1", 100)));
     assert_eq!(n.attach(v, container("c1", 100), at(6)).unwrap(), &first);
     assert_eq!(n.vgpu_of("c1"), Some(v));
-    assert_eq!(n.status(at(6)).vgpus[0].state, VgpuState::Idle);
+    let status = n.status(at(6));
+    assert_eq!(status.containers[0].state, ContainerState::Idle);
+    assert_eq!(status.gpus[0].containers, vec!["c1".to_string()]);
+    assert!(status.reservations.is_empty());
     assert_eq!(
         n.attach(v, container("c2", 200), at(7)),
         Err(NodeError::AttachedElsewhere {
@@ -229,9 +237,9 @@ fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
     let name = if frozen == a { "a" } else { "b" };
     let status = n.status(at(80));
     let waiting = status
-        .vgpus
+        .containers
         .iter()
-        .find(|s| s.state == VgpuState::Frozen)
+        .find(|s| s.state == ContainerState::Frozen)
         .unwrap();
     assert!((waiting.waiting_seconds - 0.03).abs() < 1e-9);
     assert_eq!(
@@ -296,7 +304,7 @@ fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
     }
     assert_eq!(after.records().cloned().collect::<Vec<_>>(), saved);
     assert_eq!(after.vgpu_of("a"), Some(a));
-    assert_eq!(after.status(at(10)).vgpus[0].priority, Priority::High);
+    assert_eq!(after.status(at(10)).containers[0].priority, Priority::High);
     assert!(
         after.windows().vgpu(a).is_some(),
         "attached: scheduled again"
@@ -329,16 +337,32 @@ fn status_serializes_for_tools() {
         [
             ("gpuplex.io/gpu-memory", "8Gi"),
             ("gpuplex.io/priority", "low"),
+            ("io.kubernetes.cri.sandbox-name", "trainer-0"),
+            ("io.kubernetes.cri.sandbox-namespace", "ml"),
+            ("io.other/ignored", "x"),
         ],
         container("c", 1),
         at(0),
     )
     .unwrap();
     let json = serde_json::to_value(n.status(at(0))).unwrap();
-    assert_eq!(json["vgpus"][0]["priority"], "low");
-    assert_eq!(json["vgpus"][0]["state"], "idle");
-    assert_eq!(json["vgpus"][0]["memory"][0], 8 * GIB);
+    let c = &json["containers"][0];
+    assert_eq!(c["id"], "c");
+    assert_eq!(c["vgpu"], "vgpu-1");
+    assert_eq!(c["priority"], "low");
+    assert_eq!(c["state"], "idle");
+    assert_eq!(c["memory"][0], 8 * GIB);
+    assert_eq!(
+        (&c["pod"], &c["namespace"]),
+        (&"trainer-0".into(), &"ml".into())
+    );
     assert_eq!(json["gpus"][0]["uuid"], "GPU-test-0");
+    assert_eq!(json["gpus"][0]["fake"], false);
+    assert!(!n
+        .record(VgpuId(1))
+        .unwrap()
+        .annotations
+        .contains_key("io.other/ignored"));
     let back: NodeStatus = serde_json::from_value(json).unwrap();
     assert_eq!(back, n.status(at(0)));
 }

@@ -234,7 +234,7 @@ fn a_session_of_requests_against_a_node() {
 
     let r = ask(&mut n, r#"{"op":"status"}"#, 30);
     let status = r.status.unwrap();
-    assert_eq!(status.vgpus.len(), 1);
+    assert_eq!(status.containers.len() + status.reservations.len(), 1);
     assert_eq!(status.gpus[0].unreserved, 8 << 30);
 
     let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 40);

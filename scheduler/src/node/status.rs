@@ -1,0 +1,242 @@
+//! [`NodeStatus`]: what `gpuplexctl status`, `top` and the metrics endpoint show.
+//!
+//! The node fills what it knows; the node service adds what only it can see (the node's name,
+//! the activity source, which GPUs are fake, how long each container was actually frozen).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Node, VgpuRecord};
+use crate::request::{Priority, POD_NAMESPACE_KEYS, POD_NAME_KEYS};
+use crate::windows::RunState;
+use crate::Instant;
+
+/// A snapshot of the node for people and tools.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node's name (filled by the node service).
+    #[serde(default)]
+    pub node: String,
+    /// The activity source in use: `nvml`, `cpu` or `always` (filled by the node service).
+    #[serde(default)]
+    pub activity: String,
+    /// Every GPU, by index.
+    pub gpus: Vec<GpuStatus>,
+    /// Every container attached to a vGPU, by vGPU id.
+    pub containers: Vec<ContainerStatus>,
+    /// Every reservation no container is attached to yet, by vGPU id.
+    pub reservations: Vec<ReservationStatus>,
+}
+
+/// One GPU in a [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    /// Host index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Memory in bytes.
+    pub memory: u64,
+    /// Declared in `[[fake_gpu]]` rather than found by NVML (filled by the node service).
+    #[serde(default)]
+    pub fake: bool,
+    /// Memory no entitlement holds, in bytes.
+    pub unreserved: u64,
+    /// The container holding its window.
+    pub holder: Option<String>,
+    /// Seconds some container ran on it with work.
+    pub busy_seconds: f64,
+    /// Windows passed from one container to another.
+    pub switches: u64,
+    /// The containers bound to it.
+    pub containers: Vec<String>,
+    /// The vGPU ids of the reservations on it that no container has attached to yet.
+    pub reservations: Vec<String>,
+}
+
+/// What an attached container is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    /// Running, with work.
+    Running,
+    /// Frozen, waiting for a window.
+    Frozen,
+    /// Running, without work.
+    Idle,
+}
+
+impl ContainerState {
+    /// The state as written in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContainerState::Running => "running",
+            ContainerState::Frozen => "frozen",
+            ContainerState::Idle => "idle",
+        }
+    }
+}
+
+/// One container in a [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    /// The container's id.
+    pub id: String,
+    /// Its vGPU's id (`vgpu-7`).
+    pub vgpu: String,
+    /// Its GPUs' indexes.
+    pub gpus: Vec<u32>,
+    /// Its memory entitlement on each of its GPUs, in bytes.
+    pub memory: Vec<u64>,
+    /// Share weight.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: Priority,
+    /// What it is doing.
+    pub state: ContainerState,
+    /// GPU seconds received, summed over its GPUs.
+    pub gpu_seconds: f64,
+    /// Seconds spent waiting for a window, the current wait included.
+    pub wait_seconds: f64,
+    /// How long its current wait has lasted (0 when not waiting).
+    pub waiting_seconds: f64,
+    /// Seconds its cgroup was actually frozen (filled by the node service).
+    #[serde(default)]
+    pub frozen_seconds: f64,
+    /// Windows received.
+    pub windows: u64,
+    /// Its Kubernetes pod, when its annotations name one.
+    pub pod: Option<String>,
+    /// Its Kubernetes namespace, when its annotations name one.
+    pub namespace: Option<String>,
+}
+
+/// One reservation in a [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationStatus {
+    /// Its vGPU's id.
+    pub vgpu: String,
+    /// Its GPUs' indexes.
+    pub gpus: Vec<u32>,
+    /// Its memory entitlement on each of its GPUs, in bytes.
+    pub memory: Vec<u64>,
+    /// Share weight.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: Priority,
+    /// Seconds until it lapses unless a container attaches.
+    pub expires_in_seconds: f64,
+}
+
+impl Node {
+    /// What `gpuplexctl status` shows, as of the last decision.
+    pub fn status(&self, now: Instant) -> NodeStatus {
+        let gpus = self
+            .inventory
+            .gpus()
+            .iter()
+            .map(|gpu| {
+                let view = self.windows.gpu(gpu.index);
+                let on_gpu = || {
+                    self.records
+                        .values()
+                        .filter(move |r| r.assignment.gpus.contains(&gpu.index))
+                };
+                GpuStatus {
+                    index: gpu.index.0,
+                    uuid: gpu.uuid.clone(),
+                    model: gpu.model.clone(),
+                    memory: gpu.memory,
+                    fake: false,
+                    unreserved: self.inventory.unreserved(gpu.index),
+                    holder: view
+                        .as_ref()
+                        .and_then(|v| v.holder)
+                        .and_then(|h| self.records.get(&h))
+                        .and_then(|r| r.attachment.as_ref())
+                        .map(|a| a.container.clone()),
+                    busy_seconds: view
+                        .as_ref()
+                        .map_or(0.0, |v| v.stats.busy_time.as_secs_f64()),
+                    switches: view.as_ref().map_or(0, |v| v.stats.switches),
+                    containers: on_gpu()
+                        .filter_map(|r| r.attachment.as_ref().map(|a| a.container.clone()))
+                        .collect(),
+                    reservations: on_gpu()
+                        .filter(|r| r.attachment.is_none())
+                        .map(|r| r.id.to_string())
+                        .collect(),
+                }
+            })
+            .collect();
+        let mut containers = Vec::new();
+        let mut reservations = Vec::new();
+        for r in self.records.values() {
+            let memory = self.memory_of(r);
+            let Some(attachment) = &r.attachment else {
+                let lapses_at = r.reserved_at + self.config.reservation_ttl;
+                reservations.push(ReservationStatus {
+                    vgpu: r.id.to_string(),
+                    gpus: r.assignment.gpus.iter().map(|g| g.0).collect(),
+                    memory,
+                    weight: r.request.weight,
+                    priority: r.request.priority,
+                    expires_in_seconds: lapses_at.saturating_since(now).as_secs_f64(),
+                });
+                continue;
+            };
+            let view = self.windows.vgpu(r.id);
+            let state = match &view {
+                Some(v) if v.state == RunState::Frozen => ContainerState::Frozen,
+                Some(v) if v.has_work => ContainerState::Running,
+                _ => ContainerState::Idle,
+            };
+            let stats = view.as_ref().map(|v| v.stats.clone()).unwrap_or_default();
+            let waiting = view
+                .as_ref()
+                .and_then(|v| v.waiting_since)
+                .map_or(Duration::ZERO, |since| now.saturating_since(since));
+            containers.push(ContainerStatus {
+                id: attachment.container.clone(),
+                vgpu: r.id.to_string(),
+                gpus: r.assignment.gpus.iter().map(|g| g.0).collect(),
+                memory,
+                weight: r.request.weight,
+                priority: r.request.priority,
+                state,
+                gpu_seconds: stats.gpu_time.as_secs_f64(),
+                wait_seconds: (stats.wait_time + waiting).as_secs_f64(),
+                waiting_seconds: waiting.as_secs_f64(),
+                frozen_seconds: 0.0,
+                windows: stats.windows,
+                pod: first_annotation(r, &POD_NAME_KEYS),
+                namespace: first_annotation(r, &POD_NAMESPACE_KEYS),
+            });
+        }
+        NodeStatus {
+            node: String::new(),
+            activity: String::new(),
+            gpus,
+            containers,
+            reservations,
+        }
+    }
+
+    fn memory_of(&self, r: &VgpuRecord) -> Vec<u64> {
+        r.assignment
+            .gpus
+            .iter()
+            .map(|&g| self.inventory.entitlement(r.id, g).unwrap_or(0))
+            .collect()
+    }
+}
+
+fn first_annotation(r: &VgpuRecord, keys: &[&str]) -> Option<String> {
+    keys.iter()
+        .find_map(|k| r.annotations.get(*k))
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
