@@ -65,7 +65,7 @@ pub mod quantity;
 pub mod request;
 pub mod sim;
 pub mod time;
-mod toml_place;
+pub mod toml_place;
 pub mod windows;
 
 use std::fmt;

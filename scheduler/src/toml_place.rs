@@ -3,7 +3,7 @@
 
 /// The place and text of a TOML error.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TomlPlace {
+pub struct TomlPlace {
     /// The line of the error, from 1, when toml knows the place.
     pub line: Option<usize>,
     /// The key path there (`scheduler.slice`, `container.demand`), when the layout is plain.

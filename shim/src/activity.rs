@@ -1,0 +1,285 @@
+//! Which attached containers have GPU work now: the samples the scheduler's windows run on.
+//!
+//! - `nvml`: a container has work when one of its processes shows SM utilization on one of its
+//!   GPUs since the previous sample (see [`crate::nvml::NvmlGpus::busy_pids`]).
+//! - `cpu`: a container has work when its cgroup used at least a tenth of a CPU since the
+//!   previous sample. A stand-in for machines without a GPU (tests, the demo): a busy loop has
+//!   work, a sleeping process has none.
+//! - `always`: every attached container has work.
+//!
+//! The decisions ([`cpu_has_work`], [`nvml_has_work`]) are pure; [`ActivitySampler`] reads the
+//! counters around them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use gpuplex_scheduler::{GpuIndex, VgpuId};
+
+use crate::cgroup::{FreezerCgroup, Hierarchies};
+use crate::config::ActivityChoice;
+use crate::nvml::NvmlGpus;
+
+/// The activity source in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivitySource {
+    /// NVML per-process utilization.
+    Nvml,
+    /// CPU time.
+    Cpu,
+    /// Always work.
+    Always,
+}
+
+impl ActivitySource {
+    /// The source the configuration asks for, given whether NVML loaded (`auto` picks `nvml`
+    /// when it did, else `cpu`).
+    pub fn resolve(choice: ActivityChoice, nvml_loaded: bool) -> ActivitySource {
+        match choice {
+            ActivityChoice::Nvml => ActivitySource::Nvml,
+            ActivityChoice::Cpu => ActivitySource::Cpu,
+            ActivityChoice::Always => ActivitySource::Always,
+            ActivityChoice::Auto if nvml_loaded => ActivitySource::Nvml,
+            ActivityChoice::Auto => ActivitySource::Cpu,
+        }
+    }
+
+    /// Its name in the configuration and in status.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivitySource::Nvml => "nvml",
+            ActivitySource::Cpu => "cpu",
+            ActivitySource::Always => "always",
+        }
+    }
+}
+
+/// Whether a cgroup that used `used` CPU time over `elapsed` has work: at least a tenth of one
+/// CPU. Below that it is taken to be waiting (a sleeping shell, an idle server).
+pub fn cpu_has_work(used: Duration, elapsed: Duration) -> bool {
+    !used.is_zero() && used * 10 >= elapsed
+}
+
+/// Whether a container whose processes are `pids`, bound to `gpus`, has work, given the busy
+/// processes of each GPU.
+pub fn nvml_has_work(
+    pids: &[u32],
+    gpus: &[GpuIndex],
+    busy: &BTreeMap<GpuIndex, BTreeSet<u32>>,
+) -> bool {
+    gpus.iter()
+        .filter_map(|g| busy.get(g))
+        .any(|set| pids.iter().any(|p| set.contains(p)))
+}
+
+/// What an NVML sample says of a container: work, no work, or nothing yet (`None`). NVML trails
+/// the GPU by `lag` (its utilization samples come every 1/6 s to 1 s), so a container thawed
+/// less than `lag` ago that shows no work may simply not have been sampled since: it gets no
+/// observation, rather than a "no work" that would end its new window at once.
+pub fn nvml_observation(busy: bool, since_thaw: Option<Duration>, lag: Duration) -> Option<bool> {
+    match (busy, since_thaw) {
+        (true, _) => Some(true),
+        (false, Some(since)) if since < lag => None,
+        (false, _) => Some(false),
+    }
+}
+
+/// An attached container, as the sampler sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Watched<'a> {
+    /// Its vGPU.
+    pub vgpu: VgpuId,
+    /// Its freezer cgroup.
+    pub cgroup: &'a FreezerCgroup,
+    /// Its GPUs.
+    pub gpus: &'a [GpuIndex],
+    /// When it was last thawed, if ever.
+    pub thawed_at: Option<Instant>,
+}
+
+/// Reads the counters of one activity source.
+#[derive(Debug)]
+pub struct ActivitySampler {
+    source: ActivitySource,
+    last_cpu: HashMap<VgpuId, (Duration, Instant)>,
+    nvml_warned: bool,
+}
+
+impl ActivitySampler {
+    /// A sampler for `source`.
+    pub fn new(source: ActivitySource) -> ActivitySampler {
+        ActivitySampler {
+            source,
+            last_cpu: HashMap::new(),
+            nvml_warned: false,
+        }
+    }
+
+    /// The source.
+    pub fn source(&self) -> ActivitySource {
+        self.source
+    }
+
+    /// Samples every watched container: whether it has work. A container left out of the
+    /// result could not be read this time (its first CPU sample, a read error, a cgroup gone)
+    /// and gets no observation.
+    pub fn sample(
+        &mut self,
+        watched: &[Watched<'_>],
+        hierarchies: &Hierarchies,
+        nvml: Option<&mut NvmlGpus>,
+        now: Instant,
+    ) -> Vec<(VgpuId, bool)> {
+        match self.source {
+            ActivitySource::Always => watched.iter().map(|w| (w.vgpu, true)).collect(),
+            ActivitySource::Cpu => watched
+                .iter()
+                .filter_map(|w| {
+                    let used = w.cgroup.cpu_time(hierarchies).ok()?;
+                    let previous = self.last_cpu.insert(w.vgpu, (used, now));
+                    let (before, at) = previous?;
+                    Some((
+                        w.vgpu,
+                        cpu_has_work(used.saturating_sub(before), now.duration_since(at)),
+                    ))
+                })
+                .collect(),
+            ActivitySource::Nvml => {
+                let Some(nvml) = nvml else {
+                    return Vec::new();
+                };
+                let gpus: BTreeSet<GpuIndex> = watched
+                    .iter()
+                    .flat_map(|w| w.gpus.iter().copied())
+                    .collect();
+                let mut busy = BTreeMap::new();
+                let mut lag = Duration::ZERO;
+                for g in gpus {
+                    match nvml.busy_pids(g.0) {
+                        Ok(found) => {
+                            lag = lag.max(found.lag);
+                            busy.insert(g, found.pids);
+                        }
+                        Err(e) if !self.nvml_warned => {
+                            self.nvml_warned = true;
+                            tracing::warn!(
+                                "activity: NVML cannot tell who is busy on GPU {}: {e}",
+                                g.0
+                            );
+                        }
+                        Err(_) => {}
+                    }
+                }
+                watched
+                    .iter()
+                    .filter_map(|w| {
+                        let pids = w.cgroup.pids().ok()?;
+                        let work = nvml_has_work(&pids, w.gpus, &busy);
+                        let since_thaw = w.thawed_at.map(|t| now.saturating_duration_since(t));
+                        Some((w.vgpu, nvml_observation(work, since_thaw, lag)?))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Forgets a container that left.
+    pub fn forget(&mut self, vgpu: VgpuId) {
+        self.last_cpu.remove(&vgpu);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_nvml_only_when_it_loaded() {
+        use ActivityChoice as C;
+        use ActivitySource as S;
+        for (choice, loaded, source) in [
+            (C::Auto, true, S::Nvml),
+            (C::Auto, false, S::Cpu),
+            (C::Nvml, true, S::Nvml),
+            (C::Cpu, true, S::Cpu),
+            (C::Always, false, S::Always),
+        ] {
+            assert_eq!(
+                ActivitySource::resolve(choice, loaded),
+                source,
+                "{choice:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tenth_of_a_cpu_is_work() {
+        let ms = Duration::from_millis;
+        for (used, elapsed, work) in [
+            (ms(50), ms(50), true),
+            (ms(5), ms(50), true),
+            (ms(4), ms(50), false),
+            (ms(0), ms(50), false),
+            (ms(0), ms(0), false),
+            (ms(10), ms(0), true),
+        ] {
+            assert_eq!(
+                cpu_has_work(used, elapsed),
+                work,
+                "{used:?} over {elapsed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn nvml_work_is_a_busy_process_of_the_container_on_its_own_gpus() {
+        let busy: BTreeMap<GpuIndex, BTreeSet<u32>> =
+            [(GpuIndex(0), [10, 11].into()), (GpuIndex(1), [20].into())].into();
+        assert!(nvml_has_work(&[1, 11], &[GpuIndex(0)], &busy));
+        assert!(!nvml_has_work(&[20], &[GpuIndex(0)], &busy));
+        assert!(nvml_has_work(&[20], &[GpuIndex(0), GpuIndex(1)], &busy));
+        assert!(!nvml_has_work(&[], &[GpuIndex(0)], &busy));
+        assert!(!nvml_has_work(&[10], &[GpuIndex(2)], &busy));
+    }
+
+    #[test]
+    fn a_container_just_thawed_is_not_idle_before_nvml_could_see_it() {
+        let ms = Duration::from_millis;
+        for (busy, since_thaw, lag, observation) in [
+            (true, Some(ms(10)), ms(400), Some(true)),
+            (false, Some(ms(10)), ms(400), None),
+            (false, Some(ms(400)), ms(400), Some(false)),
+            (false, None, ms(400), Some(false)),
+            (false, Some(ms(0)), ms(0), Some(false)),
+        ] {
+            assert_eq!(
+                nvml_observation(busy, since_thaw, lag),
+                observation,
+                "busy {busy}, thawed {since_thaw:?} ago, lag {lag:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn always_means_every_container() {
+        let cgroup = FreezerCgroup::new(crate::cgroup::FreezerVersion::V2, "/nonexistent".into());
+        let gpus = [GpuIndex(0)];
+        let watched = [Watched {
+            vgpu: VgpuId(1),
+            cgroup: &cgroup,
+            gpus: &gpus,
+            thawed_at: None,
+        }];
+        let mut sampler = ActivitySampler::new(ActivitySource::Always);
+        let h = Hierarchies::from_mountinfo("");
+        assert_eq!(
+            sampler.sample(&watched, &h, None, Instant::now()),
+            vec![(VgpuId(1), true)]
+        );
+        // The cpu source has nothing to compare the first reading with (and here nothing to
+        // read): no observation rather than a guess.
+        let mut sampler = ActivitySampler::new(ActivitySource::Cpu);
+        assert!(sampler
+            .sample(&watched, &h, None, Instant::now())
+            .is_empty());
+    }
+}

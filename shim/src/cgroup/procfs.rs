@@ -1,0 +1,235 @@
+//! What `/proc/PID/cgroup` and `/proc/PID/stat` say about a process.
+
+use std::io;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::CgroupError;
+
+/// A process's cgroups, from `/proc/PID/cgroup`: the paths are relative to each hierarchy's root
+/// and start with `/` (`/` itself is the root cgroup).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcCgroup {
+    /// Its cgroup in the v1 hierarchy that has the `freezer` controller.
+    pub freezer: Option<String>,
+    /// Its cgroup in the v1 hierarchy that has the `cpuacct` controller.
+    pub cpuacct: Option<String>,
+    /// Its cgroup2 cgroup (the `0::PATH` line).
+    pub unified: Option<String>,
+}
+
+impl ProcCgroup {
+    /// Parses the lines `ID:CONTROLLERS:PATH` of `/proc/PID/cgroup`. Lines that do not parse are
+    /// skipped.
+    pub fn parse(text: &str) -> ProcCgroup {
+        let mut found = ProcCgroup::default();
+        for line in text.lines() {
+            let mut fields = line.splitn(3, ':');
+            let (Some(id), Some(controllers), Some(path)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let path = Some(path.to_string());
+            if id == "0" && controllers.is_empty() {
+                found.unified = path;
+                continue;
+            }
+            for controller in controllers.split(',') {
+                match controller {
+                    "freezer" => found.freezer.clone_from(&path),
+                    "cpuacct" => found.cpuacct.clone_from(&path),
+                    _ => {}
+                }
+            }
+        }
+        found
+    }
+
+    /// Reads `/proc/PID/cgroup`.
+    pub fn of_pid(pid: u32) -> Result<ProcCgroup, CgroupError> {
+        ProcCgroup::of_pid_in(Path::new("/proc"), pid)
+    }
+
+    /// Reads `PROC/PID/cgroup`, with `proc` standing for `/proc` (tests give a fixture directory).
+    pub fn of_pid_in(proc: &Path, pid: u32) -> Result<ProcCgroup, CgroupError> {
+        read_proc_file(proc, pid, "cgroup").map(|text| ProcCgroup::parse(&text))
+    }
+}
+
+/// The fields of `/proc/PID/stat` gpuplex uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The state letter: `R` running, `S` sleeping, `D` uninterruptible (where v1-frozen tasks
+    /// show), `Z` zombie, ...
+    pub state: char,
+    /// User-mode CPU time of all its threads, in clock ticks.
+    pub utime_ticks: u64,
+    /// Kernel-mode CPU time of all its threads, in clock ticks.
+    pub stime_ticks: u64,
+}
+
+impl ProcStat {
+    /// Parses the text of `/proc/PID/stat`. The command name (field 2) is in parentheses and
+    /// may hold spaces and parentheses itself, so fields are counted from the last `)`.
+    pub fn parse(text: &str) -> Option<ProcStat> {
+        let rest = &text[text.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state is field 3, utime field 14, stime field 15 (proc(5)).
+        let state = fields.first()?.chars().next()?;
+        Some(ProcStat {
+            state,
+            utime_ticks: fields.get(14 - 3)?.parse().ok()?,
+            stime_ticks: fields.get(15 - 3)?.parse().ok()?,
+        })
+    }
+
+    /// Reads `/proc/PID/stat`.
+    pub fn of_pid(pid: u32) -> Result<ProcStat, CgroupError> {
+        ProcStat::of_pid_in(Path::new("/proc"), pid)
+    }
+
+    /// Reads `PROC/PID/stat`, with `proc` standing for `/proc`.
+    pub fn of_pid_in(proc: &Path, pid: u32) -> Result<ProcStat, CgroupError> {
+        let text = read_proc_file(proc, pid, "stat")?;
+        ProcStat::parse(&text).ok_or_else(|| CgroupError::Malformed {
+            path: proc.join(pid.to_string()).join("stat"),
+            what: format!("{:?} does not have the fields of proc(5)", text.trim_end()),
+        })
+    }
+
+    /// User plus kernel CPU time.
+    pub fn cpu_time(&self) -> Duration {
+        ticks_to_duration(
+            self.utime_ticks + self.stime_ticks,
+            clock_ticks_per_second(),
+        )
+    }
+}
+
+/// The kernel's clock ticks per second for `/proc` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+pub fn clock_ticks_per_second() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        // SAFETY: sysconf only reads a constant of the C library; it has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
+    })
+}
+
+/// `ticks` clock ticks at `per_second` ticks a second, exactly (no float rounding).
+pub(super) fn ticks_to_duration(ticks: u64, per_second: u64) -> Duration {
+    let per_second = per_second.max(1);
+    let nanos = u128::from(ticks % per_second) * 1_000_000_000 / u128::from(per_second);
+    Duration::new(ticks / per_second, nanos as u32)
+}
+
+/// Reads `PROC/PID/NAME`; a process that does not exist (or exited while we read) is
+/// [`CgroupError::NoProcess`].
+fn read_proc_file(proc: &Path, pid: u32, name: &str) -> Result<String, CgroupError> {
+    let path = proc.join(pid.to_string()).join(name);
+    std::fs::read_to_string(&path).map_err(|source| match source.raw_os_error() {
+        Some(libc::ENOENT | libc::ESRCH) => CgroupError::NoProcess { pid },
+        _ if source.kind() == io::ErrorKind::NotFound => CgroupError::NoProcess { pid },
+        _ => CgroupError::Io { path, source },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cg(freezer: Option<&str>, cpuacct: Option<&str>, unified: Option<&str>) -> ProcCgroup {
+        ProcCgroup {
+            freezer: freezer.map(String::from),
+            cpuacct: cpuacct.map(String::from),
+            unified: unified.map(String::from),
+        }
+    }
+
+    #[test]
+    fn parses_proc_pid_cgroup() {
+        let table = [
+            (
+                "hybrid, runc container",
+                "9:name=systemd:/\n6:freezer:/web\n4:memory:/process_api/647f/web\n2:cpuacct:/web\n1:cpu:/web\n0::/web\n",
+                cg(Some("/web"), Some("/web"), Some("/web")),
+            ),
+            (
+                "hybrid, shared cpu,cpuacct hierarchy, containerd path",
+                "11:freezer:/default/abc\n3:cpu,cpuacct:/default/abc\n1:name=systemd:/default/abc\n0::/\n",
+                cg(Some("/default/abc"), Some("/default/abc"), Some("/")),
+            ),
+            (
+                "pure v2",
+                "0::/system.slice/containerd.service\n",
+                cg(None, None, Some("/system.slice/containerd.service")),
+            ),
+            (
+                "name=freezer is a named hierarchy, not the controller",
+                "5:name=freezer:/x\n",
+                cg(None, None, None),
+            ),
+            (
+                "a path with a colon is kept whole",
+                "6:freezer:/a:b\n0::/c:d\n",
+                cg(Some("/a:b"), None, Some("/c:d")),
+            ),
+            ("garbage", "nonsense\n\n", cg(None, None, None)),
+        ];
+        for (name, text, expected) in table {
+            assert_eq!(ProcCgroup::parse(text), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn parses_proc_pid_stat() {
+        let tail = "3 4 5 6 7 8 9 10 11 12 250 75 0 0 20 0 1 0 100 1000 10";
+        let table = [
+            (format!("1234 (sh) R {tail}"), Some(('R', 250, 75))),
+            (
+                format!("1234 (my (odd) name) D {tail}"),
+                Some(('D', 250, 75)),
+            ),
+            (format!("1234 (a b) S {tail}"), Some(('S', 250, 75))),
+            ("1234 (sh) R 3 4".to_string(), None),
+            ("no parenthesis R 1 2 3".to_string(), None),
+            (format!("1234 (sh) R {}", tail.replace("250", "x")), None),
+        ];
+        for (text, expected) in table {
+            let parsed = ProcStat::parse(&text).map(|s| (s.state, s.utime_ticks, s.stime_ticks));
+            assert_eq!(parsed, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn converts_ticks_exactly() {
+        assert_eq!(ticks_to_duration(0, 100), Duration::ZERO);
+        assert_eq!(ticks_to_duration(1, 100), Duration::from_millis(10));
+        assert_eq!(ticks_to_duration(325, 100), Duration::from_millis(3250));
+        assert_eq!(ticks_to_duration(1, 3), Duration::new(0, 333_333_333));
+        assert!(clock_ticks_per_second() > 0);
+    }
+
+    #[test]
+    fn a_missing_process_is_no_process() {
+        let proc = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            ProcCgroup::of_pid_in(proc.path(), 77),
+            Err(CgroupError::NoProcess { pid: 77 })
+        ));
+        assert!(matches!(
+            ProcStat::of_pid_in(proc.path(), 77),
+            Err(CgroupError::NoProcess { pid: 77 })
+        ));
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        let stat = ProcStat::of_pid(me).unwrap();
+        assert!("RSD".contains(stat.state), "{stat:?}");
+        ProcCgroup::of_pid(me).unwrap();
+    }
+}

@@ -1,0 +1,358 @@
+//! [`NodeClient`]: one connection to the node service's socket.
+//!
+//! A request is one JSON object on one line; the service answers each with one line (see
+//! [`gpuplex_scheduler::protocol`]). The client is blocking, with a timeout on every read and
+//! write, so that a stuck service makes `gpuplexctl` fail with a message instead of hanging.
+//!
+//! [`NodeClient::request`] returns only replies with `"ok":true`: a refusal comes back as
+//! [`ClientError::Refused`] carrying the service's own line.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuplex_scheduler::node::{NodeStatus, Target};
+use gpuplex_scheduler::protocol::{Reply, VgpuReply};
+use gpuplex_scheduler::VgpuId;
+use serde_json::{json, Value};
+
+/// Where the node service listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/gpuplex/gpuplex.sock";
+
+/// How long one read or write on the socket may take.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest reply line read, in bytes. Larger than the request limit
+/// ([`gpuplex_scheduler::protocol::MAX_LINE`]): a busy node's status is long.
+pub const MAX_REPLY: usize = 16 << 20;
+
+/// What can go wrong talking to the node service. Every message is one line and says what to
+/// check.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be connected to.
+    #[error(
+        "cannot reach the gpuplex node service at {}: {source}; is `containerd-shim-gpuplex-v1 serve` running (systemctl status gpuplex)?",
+        path.display()
+    )]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A read or write failed on an open connection.
+    #[error(
+        "lost the connection to the gpuplex node service at {}: {source}; check its log (journalctl -u gpuplex)",
+        path.display()
+    )]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The service did not answer in time.
+    #[error(
+        "the gpuplex node service at {} did not answer within {}s; check its log (journalctl -u gpuplex)",
+        path.display(),
+        after.as_secs()
+    )]
+    Timeout {
+        /// The socket.
+        path: PathBuf,
+        /// How long the client waited.
+        after: Duration,
+    },
+    /// The service closed the connection before replying (or before the request was sent).
+    #[error(
+        "the gpuplex node service at {} closed the connection without replying; check its log (journalctl -u gpuplex)",
+        path.display()
+    )]
+    Closed {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// The reply was not a reply line.
+    #[error(
+        "the gpuplex node service at {} sent a reply gpuplexctl cannot read ({message}); are gpuplexctl and the service the same version?",
+        path.display()
+    )]
+    Malformed {
+        /// The socket.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The service refused the request; its reason, as it wrote it.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A connection to the node service.
+#[derive(Debug)]
+pub struct NodeClient {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl NodeClient {
+    /// Connects to the service's socket, with [`TIMEOUT`] on reads and writes.
+    pub fn connect(socket: &Path) -> Result<NodeClient, ClientError> {
+        NodeClient::connect_with_timeout(socket, TIMEOUT)
+    }
+
+    /// Connects to the service's socket, with `timeout` on reads and writes.
+    pub fn connect_with_timeout(
+        socket: &Path,
+        timeout: Duration,
+    ) -> Result<NodeClient, ClientError> {
+        let connect_error = |source| ClientError::Connect {
+            path: socket.to_path_buf(),
+            source,
+        };
+        let stream = UnixStream::connect(socket).map_err(connect_error)?;
+        let timeout = Some(timeout.max(Duration::from_millis(1)));
+        stream.set_read_timeout(timeout).map_err(connect_error)?;
+        stream.set_write_timeout(timeout).map_err(connect_error)?;
+        let writer = stream.try_clone().map_err(connect_error)?;
+        Ok(NodeClient {
+            path: socket.to_path_buf(),
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    /// The socket this client is connected to.
+    pub fn socket(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends one request and reads its reply. A reply with `"ok":false` is
+    /// [`ClientError::Refused`].
+    pub fn request(&mut self, request: &Value) -> Result<Reply, ClientError> {
+        let mut line = request.to_string();
+        line.push('\n');
+        self.writer
+            .write_all(line.as_bytes())
+            .and_then(|()| self.writer.flush())
+            .map_err(|e| self.io_error(e))?;
+        let reply = self.read_line()?;
+        let reply: Reply = serde_json::from_slice(&reply).map_err(|e| ClientError::Malformed {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        if reply.ok {
+            Ok(reply)
+        } else {
+            let error = reply.error.unwrap_or_default();
+            let error = error.trim();
+            Err(ClientError::Refused(if error.is_empty() {
+                "the gpuplex node service refused the request without saying why".into()
+            } else {
+                error.replace('\n', " ")
+            }))
+        }
+    }
+
+    /// The node's status.
+    pub fn status(&mut self) -> Result<NodeStatus, ClientError> {
+        let reply = self.request(&json!({ "op": "status" }))?;
+        reply.status.ok_or_else(|| self.missing("status"))
+    }
+
+    /// Reserves a vGPU for the container `id` and attaches it at once.
+    pub fn register(
+        &mut self,
+        id: &str,
+        target: &Target,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<VgpuReply, ClientError> {
+        let reply = self.request(&register_request(id, target, annotations))?;
+        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// Releases a vGPU: `key` is its id when it reads like one (`vgpu-3`), else the id of its
+    /// container. `None` when nothing was registered under `key`.
+    pub fn release(&mut self, key: &str) -> Result<Option<VgpuReply>, ClientError> {
+        Ok(self.request(&release_request(key))?.vgpu)
+    }
+
+    fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {
+        let mut line = Vec::new();
+        let limit = MAX_REPLY as u64 + 1;
+        let read = (&mut self.reader)
+            .take(limit)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| self.io_error(e))?;
+        if read == 0 {
+            return Err(ClientError::Closed {
+                path: self.path.clone(),
+            });
+        }
+        if line.last() != Some(&b'\n') {
+            let message = if line.len() > MAX_REPLY {
+                format!("a reply line over {MAX_REPLY} bytes")
+            } else {
+                "the connection closed in the middle of a reply".into()
+            };
+            return Err(ClientError::Malformed {
+                path: self.path.clone(),
+                message,
+            });
+        }
+        line.pop();
+        Ok(line)
+    }
+
+    fn io_error(&self, source: io::Error) -> ClientError {
+        let path = self.path.clone();
+        match source.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Timeout {
+                path,
+                after: self.writer.read_timeout().ok().flatten().unwrap_or(TIMEOUT),
+            },
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                ClientError::Closed { path }
+            }
+            _ => ClientError::Io { path, source },
+        }
+    }
+
+    fn missing(&self, field: &str) -> ClientError {
+        ClientError::Malformed {
+            path: self.path.clone(),
+            message: format!("no `{field}` in its reply"),
+        }
+    }
+}
+
+/// The request line [`NodeClient::register`] sends, as JSON.
+pub fn register_request(
+    id: &str,
+    target: &Target,
+    annotations: &BTreeMap<String, String>,
+) -> Value {
+    let mut request = json!({ "op": "register", "annotations": annotations, "container": id });
+    match target {
+        Target::Pid(pid) => request["pid"] = json!(pid),
+        Target::Cgroup(path) => request["cgroup"] = json!(path),
+    }
+    request
+}
+
+/// The request line [`NodeClient::release`] sends, as JSON: by vGPU when `key` parses as a
+/// vGPU id, else by container.
+pub fn release_request(key: &str) -> Value {
+    if key.parse::<VgpuId>().is_ok() {
+        json!({ "op": "release", "vgpu": key })
+    } else {
+        json!({ "op": "release", "container": key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::thread;
+
+    /// A service that answers each request line on one connection with the next of `replies`.
+    fn serve(replies: Vec<&'static str>) -> (tempfile::TempDir, PathBuf, thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let handle = thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            for reply in replies {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap() == 0 {
+                    return;
+                }
+                writer.write_all(reply.as_bytes()).unwrap();
+            }
+        });
+        (dir, path, handle)
+    }
+
+    #[test]
+    fn connect_error_says_where_and_what_to_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.sock");
+        let message = NodeClient::connect(&path).unwrap_err().to_string();
+        assert!(message.starts_with(&format!(
+            "cannot reach the gpuplex node service at {}: ",
+            path.display()
+        )));
+        assert!(message.contains("systemctl status gpuplex"), "{message}");
+        assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn refusal_carries_the_service_line() {
+        let (_dir, path, handle) = serve(vec![
+            "{\"ok\":false,\"error\":\"no GPU has 80Gi free\"}\n",
+            "{\"ok\":true}\n",
+            "{\"ok\":true,\"status\":{\"gpus\":[],\"containers\":[],\"reservations\":[]}}\n",
+        ]);
+        let mut client = NodeClient::connect(&path).unwrap();
+        let err = client
+            .register("c1", &Target::Pid(7), &BTreeMap::new())
+            .unwrap_err();
+        assert_eq!(err.to_string(), "no GPU has 80Gi free");
+        assert_eq!(client.release("c1").unwrap(), None);
+        assert_eq!(client.status().unwrap(), NodeStatus::default());
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn closed_and_garbage_replies_are_errors() {
+        let (_dir, path, handle) = serve(vec!["not json\n"]);
+        let mut client = NodeClient::connect(&path).unwrap();
+        assert!(matches!(
+            client.status(),
+            Err(ClientError::Malformed { .. })
+        ));
+        handle.join().unwrap();
+        assert!(matches!(client.status(), Err(ClientError::Closed { .. })));
+    }
+
+    #[test]
+    fn a_silent_service_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let _listener = UnixListener::bind(&path).unwrap();
+        let mut client =
+            NodeClient::connect_with_timeout(&path, Duration::from_millis(20)).unwrap();
+        let err = client.status().unwrap_err();
+        assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn request_lines() {
+        let annotations = BTreeMap::from([("gpuplex.io/gpus".to_string(), "1".to_string())]);
+        let cgroup = Target::Cgroup("/sys/fs/cgroup/x".into());
+        assert_eq!(
+            register_request("c1", &cgroup, &annotations),
+            json!({"op": "register", "annotations": {"gpuplex.io/gpus": "1"},
+                   "container": "c1", "cgroup": "/sys/fs/cgroup/x"})
+        );
+        assert_eq!(
+            register_request("c1", &Target::Pid(42), &annotations)["pid"],
+            json!(42)
+        );
+        assert_eq!(
+            release_request("vgpu-3"),
+            json!({"op": "release", "vgpu": "vgpu-3"})
+        );
+        assert_eq!(
+            release_request("vgpu-x"),
+            json!({"op": "release", "container": "vgpu-x"})
+        );
+    }
+}

@@ -1,0 +1,303 @@
+//! `gpuplexctl`'s command line, read into a [`Cli`] without touching anything else.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpuplex_scheduler::node::Target;
+use gpuplex_scheduler::time::parse_duration;
+use lexopt::prelude::*;
+
+/// `gpuplexctl --help`: the commands, options and exit status.
+pub const HELP: &str = include_str!("help.txt");
+
+/// A command line, read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cli {
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
+    /// `--config`.
+    pub config: Option<PathBuf>,
+    /// What to do.
+    pub command: Command,
+}
+
+/// What `gpuplexctl` was asked to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `--help`.
+    Help,
+    /// `--version`.
+    Version,
+    /// `status`.
+    Status {
+        /// `-o`.
+        format: Format,
+    },
+    /// `top`.
+    Top {
+        /// Time between refreshes.
+        interval: Duration,
+        /// Refreshes before exiting; `None`: until interrupted.
+        count: Option<u64>,
+    },
+    /// `register`.
+    Register {
+        /// The container's id.
+        id: String,
+        /// Its process or cgroup.
+        target: Target,
+        /// Its annotations.
+        annotations: BTreeMap<String, String>,
+    },
+    /// `release`: a container id or a vGPU id.
+    Release {
+        /// The id.
+        key: String,
+    },
+}
+
+/// How `status` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// Aligned text.
+    #[default]
+    Table,
+    /// The status object, pretty JSON.
+    Json,
+}
+
+/// A command line that cannot be read, in one line naming the option and value at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+const COMMANDS: [&str; 4] = ["status", "top", "register", "release"];
+
+/// Reads `gpuplexctl`'s arguments (without the program name).
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, UsageError> {
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut socket = None;
+    let mut config = None;
+    let mut help = false;
+    let mut version = false;
+    let mut command: Option<&'static str> = None;
+    let mut raw = Raw::default();
+    while let Some(arg) = parser.next().map_err(lexopt_error)? {
+        match arg {
+            Long("socket") => socket = Some(PathBuf::from(parser.value().map_err(lexopt_error)?)),
+            Long("config") => config = Some(PathBuf::from(parser.value().map_err(lexopt_error)?)),
+            Short('h') | Long("help") => help = true,
+            Short('V') | Long("version") => version = true,
+            Value(value) if command.is_none() => {
+                let name = value.to_string_lossy();
+                command = Some(COMMANDS.into_iter().find(|c| *c == name).ok_or_else(|| {
+                    UsageError(format!(
+                        "unknown command `{name}`: expected status, top, register or release"
+                    ))
+                })?);
+            }
+            arg => {
+                let arg = match arg {
+                    Short(c) => Arg::Flag(format!("-{c}")),
+                    Long(name) => Arg::Flag(format!("--{name}")),
+                    Value(value) => Arg::Value(value),
+                };
+                raw.take(command.unwrap_or("gpuplexctl"), arg, &mut parser)?;
+            }
+        }
+    }
+    let command = if help {
+        Command::Help
+    } else if version {
+        Command::Version
+    } else {
+        match command {
+            None => {
+                return Err(UsageError(
+                    "missing a command: status, top, register or release".into(),
+                ))
+            }
+            Some(name) => raw.into_command(name)?,
+        }
+    };
+    Ok(Cli {
+        socket,
+        config,
+        command,
+    })
+}
+
+/// An argument not taken by [`parse`] itself: a flag as written (`-o`, `--pid`), or a value.
+enum Arg {
+    Flag(String),
+    Value(OsString),
+}
+
+/// The options of the subcommands, as written.
+#[derive(Default)]
+struct Raw {
+    output: Option<String>,
+    interval: Option<String>,
+    count: Option<String>,
+    id: Option<String>,
+    pid: Option<String>,
+    cgroup: Option<String>,
+    annotations: Vec<String>,
+    positional: Vec<String>,
+}
+
+impl Raw {
+    fn take(
+        &mut self,
+        command: &str,
+        arg: Arg,
+        parser: &mut lexopt::Parser,
+    ) -> Result<(), UsageError> {
+        let flag = match arg {
+            Arg::Flag(flag) => flag,
+            Arg::Value(value) if command == "release" => {
+                self.positional.push(value.to_string_lossy().into_owned());
+                return Ok(());
+            }
+            Arg::Value(value) => {
+                let value = value.to_string_lossy();
+                return Err(UsageError(format!(
+                    "{command}: unexpected argument `{value}`"
+                )));
+            }
+        };
+        let slot = match (command, flag.as_str()) {
+            ("status", "-o" | "--output") => &mut self.output,
+            ("top", "--interval") => &mut self.interval,
+            ("top", "--count") => &mut self.count,
+            ("register", "--id") => &mut self.id,
+            ("register", "--pid") => &mut self.pid,
+            ("register", "--cgroup") => &mut self.cgroup,
+            ("register", "--annotation") => {
+                self.annotations.push(string(parser, &flag)?);
+                return Ok(());
+            }
+            _ => return Err(UsageError(format!("{command}: unknown option `{flag}`"))),
+        };
+        *slot = Some(string(parser, &flag)?);
+        Ok(())
+    }
+
+    fn into_command(self, name: &str) -> Result<Command, UsageError> {
+        let usage = |message: String| UsageError(format!("{name}: {message}"));
+        match name {
+            "status" => {
+                let format = match self.output.as_deref() {
+                    None | Some("table") => Format::Table,
+                    Some("json") => Format::Json,
+                    Some(other) => {
+                        return Err(usage(format!("-o `{other}`: expected table or json")))
+                    }
+                };
+                Ok(Command::Status { format })
+            }
+            "top" => {
+                let interval = match self.interval {
+                    None => Duration::from_secs(1),
+                    Some(text) => match parse_duration(&text) {
+                        Ok(d) if d.is_zero() => {
+                            return Err(usage(format!("--interval `{text}`: must be above 0")))
+                        }
+                        Ok(d) => d,
+                        Err(e) => return Err(usage(format!("--interval: {e}"))),
+                    },
+                };
+                let count = match self.count {
+                    None => None,
+                    Some(text) => match text.parse::<u64>() {
+                        Ok(n) if n > 0 => Some(n),
+                        _ => {
+                            return Err(usage(format!(
+                                "--count `{text}`: expected a number of refreshes above 0"
+                            )))
+                        }
+                    },
+                };
+                Ok(Command::Top { interval, count })
+            }
+            "register" => {
+                let id = self
+                    .id
+                    .filter(|id| !id.is_empty())
+                    .ok_or_else(|| usage("missing --id ID (the container's id)".into()))?;
+                let target = match (self.pid, self.cgroup) {
+                    (Some(pid), None) => match pid.parse::<u32>() {
+                        Ok(n) if n > 0 => Target::Pid(n),
+                        _ => {
+                            return Err(usage(format!(
+                                "--pid `{pid}`: expected a process id (a number above 0)"
+                            )))
+                        }
+                    },
+                    (None, Some(path)) if path.starts_with('/') => Target::Cgroup(path),
+                    (None, Some(path)) => {
+                        return Err(usage(format!(
+                            "--cgroup `{path}`: expected an absolute path, like /sys/fs/cgroup/..."
+                        )))
+                    }
+                    (Some(pid), Some(path)) => {
+                        return Err(usage(format!(
+                            "give one of --pid and --cgroup, not both (--pid `{pid}`, --cgroup `{path}`)"
+                        )))
+                    }
+                    (None, None) => return Err(usage("missing --pid PID or --cgroup PATH".into())),
+                };
+                let mut annotations = BTreeMap::new();
+                for pair in &self.annotations {
+                    match pair.split_once('=') {
+                        Some((key, value)) if !key.is_empty() => {
+                            annotations.insert(key.to_string(), value.to_string());
+                        }
+                        _ => {
+                            return Err(usage(format!(
+                                "--annotation `{pair}`: expected KEY=VALUE, like gpuplex.io/gpu-memory=8Gi"
+                            )))
+                        }
+                    }
+                }
+                if annotations.is_empty() {
+                    annotations.insert("gpuplex.io/gpus".into(), "1".into());
+                }
+                Ok(Command::Register {
+                    id,
+                    target,
+                    annotations,
+                })
+            }
+            _ => {
+                let mut positional = self.positional.into_iter();
+                let key = positional
+                    .next()
+                    .filter(|k| !k.is_empty())
+                    .ok_or_else(|| usage("missing the id: a container id or a vGPU id".into()))?;
+                if let Some(extra) = positional.next() {
+                    return Err(usage(format!(
+                        "unexpected argument `{extra}`: release takes one id"
+                    )));
+                }
+                Ok(Command::Release { key })
+            }
+        }
+    }
+}
+
+fn string(parser: &mut lexopt::Parser, flag: &str) -> Result<String, UsageError> {
+    let value = parser.value().map_err(lexopt_error)?;
+    value
+        .into_string()
+        .map_err(|v| UsageError(format!("{flag} `{}`: not UTF-8", v.to_string_lossy())))
+}
+
+fn lexopt_error(e: lexopt::Error) -> UsageError {
+    UsageError(e.to_string().replace('\n', " "))
+}
+
+#[cfg(test)]
+mod tests;

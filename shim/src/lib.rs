@@ -1,0 +1,25 @@
+//! gpuplex's node side: the service that holds this machine's scheduler and enforces it, and the
+//! tools around it.
+//!
+//! The decisions live in `gpuplex-scheduler` (pure); this crate does the I/O around them:
+//!
+//! - [`config`]: `gpuplex.toml`, read and checked;
+//! - [`gpus`]: which GPUs this machine has (NVML through [`nvml`], or `[[fake_gpu]]` entries);
+//! - [`cgroup`]: finding a container's freezer cgroup, freezing, thawing, its processes and CPU time;
+//! - [`activity`]: which containers have GPU work now (`nvml`, `cpu`, `always`);
+//! - [`state`]: the registrations on disk, written atomically, read back after a restart;
+//! - [`service`]: the node service's loop, its socket and its signals;
+//! - [`metrics`]: the Prometheus endpoint;
+//! - [`client`] and [`ctl`]: `gpuplexctl`.
+#![deny(missing_docs)]
+
+pub mod activity;
+pub mod cgroup;
+pub mod client;
+pub mod config;
+pub mod ctl;
+pub mod gpus;
+pub mod metrics;
+pub mod nvml;
+pub mod service;
+pub mod state;

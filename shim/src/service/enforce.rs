@@ -1,0 +1,169 @@
+//! Carrying out the scheduler's orders on freezer cgroups, and letting containers go.
+//!
+//! Freezes are carried out before thaws, so that a switch never lets two containers of one GPU
+//! run at once; all the freezes of one decision are requested together and confirmed together
+//! ([`crate::cgroup::freeze_all`]). A freeze that cannot be confirmed is undone by the cgroup
+//! layer and logged: the container runs on rather than stay frozen outside a window.
+
+use std::time::{Duration, Instant};
+
+use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::windows::Action;
+use gpuplex_scheduler::VgpuId;
+
+use super::Service;
+use crate::cgroup::{freeze_all, CgroupError, FreezerCgroup};
+
+/// An attached container as the service enforces it.
+#[derive(Debug)]
+pub(super) struct Enforced {
+    /// Its freezer cgroup.
+    pub cgroup: FreezerCgroup,
+    /// Since when it is frozen (confirmed), if it is.
+    pub frozen_since: Option<Instant>,
+    /// Time frozen before that.
+    pub frozen_total: Duration,
+    /// When it was last thawed.
+    pub thawed_at: Option<Instant>,
+}
+
+impl Enforced {
+    pub fn new(cgroup: FreezerCgroup) -> Enforced {
+        Enforced {
+            cgroup,
+            frozen_since: None,
+            frozen_total: Duration::ZERO,
+            thawed_at: None,
+        }
+    }
+
+    /// Seconds frozen so far, the current freeze included.
+    pub fn frozen_seconds(&self) -> Duration {
+        self.frozen_total + self.frozen_since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+
+    /// Thaws it if frozen; true when it was.
+    fn thaw(&mut self, vgpu: VgpuId) -> Result<bool, CgroupError> {
+        let Some(since) = self.frozen_since else {
+            return Ok(false);
+        };
+        let result = self.cgroup.thaw();
+        if result.is_ok() || matches!(result, Err(CgroupError::Gone(_))) {
+            self.frozen_since = None;
+            self.frozen_total += since.elapsed();
+            self.thawed_at = Some(Instant::now());
+        }
+        if let Err(e) = &result {
+            if !matches!(e, CgroupError::Gone(_)) {
+                tracing::error!("{vgpu}: thaw failed: {e}");
+            }
+        }
+        result.map(|()| true)
+    }
+}
+
+impl Service {
+    /// Carries out freeze and thaw orders: freezes first, confirmed together, then thaws.
+    pub(super) fn carry_out(&mut self, actions: &[Action]) {
+        if actions.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let freezes: Vec<VgpuId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Freeze(v) if self.enforced.contains_key(v) => Some(*v),
+                _ => None,
+            })
+            .collect();
+        let mut exited = Vec::new();
+        if !freezes.is_empty() {
+            let cgroups: Vec<&FreezerCgroup> =
+                freezes.iter().map(|v| &self.enforced[v].cgroup).collect();
+            let results = freeze_all(&cgroups, self.config.service.freeze_timeout);
+            let at = Instant::now();
+            for (vgpu, result) in freezes.iter().zip(results) {
+                match result {
+                    Ok(()) => {
+                        let e = self.enforced.get_mut(vgpu).expect("collected above");
+                        e.frozen_since.get_or_insert(at);
+                    }
+                    Err(CgroupError::Gone(_)) => exited.push(*vgpu),
+                    Err(e @ CgroupError::StillFrozen { .. }) => {
+                        // Counted as frozen, so that every later thaw order, release and
+                        // shutdown tries again.
+                        let entry = self.enforced.get_mut(vgpu).expect("collected above");
+                        entry.frozen_since.get_or_insert(at);
+                        tracing::error!("{vgpu}: freeze failed and so did undoing it: {e}");
+                    }
+                    Err(e) => tracing::error!(
+                        "{vgpu}: freeze failed and was undone, it runs on outside its window: {e}"
+                    ),
+                }
+            }
+        }
+        let frozen_at = started.elapsed();
+        let mut thawed = 0;
+        for action in actions {
+            if let Action::Thaw(vgpu) = action {
+                if let Some(e) = self.enforced.get_mut(vgpu) {
+                    match e.thaw(*vgpu) {
+                        Ok(_) => thawed += 1,
+                        Err(CgroupError::Gone(_)) => exited.push(*vgpu),
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+        tracing::debug!(
+            "carried out {} freeze(s) in {:?} and {thawed} thaw(s), {:?} in all",
+            freezes.len(),
+            frozen_at,
+            started.elapsed()
+        );
+        for vgpu in exited {
+            self.release_exited(vgpu);
+        }
+    }
+
+    /// Thaws every container the service froze; returns how many.
+    pub(super) fn thaw_all(&mut self) -> usize {
+        let mut thawed = 0;
+        for (vgpu, e) in self.enforced.iter_mut() {
+            if let Ok(true) = e.thaw(*vgpu) {
+                thawed += 1;
+            }
+        }
+        thawed
+    }
+
+    /// Releases a container whose processes are all gone.
+    pub(super) fn release_exited(&mut self, vgpu: VgpuId) {
+        let container = self
+            .node
+            .record(vgpu)
+            .and_then(|r| r.attachment.as_ref())
+            .map(|a| a.container.clone())
+            .unwrap_or_default();
+        if let Some(released) = self.node.release(&ReleaseKey::Vgpu(vgpu), self.now()) {
+            tracing::info!(
+                "{vgpu} ({container}): its processes are gone; released ({:.3} GPU seconds, {} windows)",
+                released.stats.as_ref().map_or(0.0, |s| s.gpu_time.as_secs_f64()),
+                released.stats.as_ref().map_or(0, |s| s.windows)
+            );
+        }
+        self.forget(vgpu);
+    }
+
+    /// Drops everything the service keeps of a vGPU the node no longer has: thaws its cgroup if
+    /// frozen, forgets its samples, removes its state file.
+    pub(super) fn forget(&mut self, vgpu: VgpuId) {
+        if let Some(mut e) = self.enforced.remove(&vgpu) {
+            let _ = e.thaw(vgpu);
+        }
+        self.sampler.forget(vgpu);
+        if let Err(e) = self.state.remove(&vgpu.to_string()) {
+            tracing::error!("{vgpu}: {e}; a restart would recover it, and then drop it if its container is gone");
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The node service: this machine's scheduler, enforced.
+//!
+//! One thread owns everything that changes ([`Service`]): the scheduler's [`Node`], the freezer
+//! cgroups, the activity sampler and the state directory. Everything else talks to it through
+//! one channel of [`Event`]s: the socket's connection threads (requests), the metrics endpoint
+//! (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the next
+//! activity sample or the scheduler's next decision instant, whichever is first: no polling.
+//!
+//! Fail open (DESIGN.md): every freeze that cannot be confirmed is undone; a released or exited
+//! container is thawed; SIGTERM thaws every frozen container and exits 0; at start every
+//! recovered container is thawed, since nothing holds a window yet.
+
+mod enforce;
+mod recover;
+mod requests;
+mod socket;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use gpuplex_scheduler::node::{Node, NodeStatus};
+use gpuplex_scheduler::protocol::{Reply, Request};
+use gpuplex_scheduler::{Instant, VgpuId};
+
+use crate::activity::{ActivitySampler, ActivitySource, Watched};
+use crate::cgroup::{CgroupError, Hierarchies};
+use crate::config::NodeConfig;
+use crate::gpus::{self, GpuSource, NodeGpu};
+use crate::state::{StateDir, StateError};
+
+use enforce::Enforced;
+
+/// What the service's loop is told.
+pub enum Event {
+    /// A request from the socket, and where its reply goes.
+    Request(Request, Sender<Reply>),
+    /// The status, for the metrics endpoint.
+    Status(Sender<NodeStatus>),
+    /// Stop: thaw everything and return.
+    Shutdown(&'static str),
+}
+
+/// Why the service cannot start. One line.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The GPUs cannot be used.
+    #[error(transparent)]
+    Gpus(#[from] gpus::GpuError),
+    /// No freezer.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The state directory cannot be used.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The GPUs do not make an inventory (two with one index).
+    #[error("the GPUs found do not make an inventory: {0}")]
+    Inventory(String),
+    /// The socket cannot be served.
+    #[error("node socket {path}: {message}")]
+    Socket {
+        /// Its path.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The metrics endpoint cannot listen.
+    #[error("metrics_listen = {address:?}: cannot listen: {source}")]
+    Metrics {
+        /// The address.
+        address: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Signals cannot be handled.
+    #[error("cannot handle signals: {0}")]
+    Signals(std::io::Error),
+}
+
+/// The node service's state, owned by its loop.
+pub struct Service {
+    config: NodeConfig,
+    node: Node,
+    gpus: Vec<NodeGpu>,
+    source: GpuSource,
+    hierarchies: Hierarchies,
+    state: StateDir,
+    sampler: ActivitySampler,
+    enforced: BTreeMap<VgpuId, Enforced>,
+    origin: std::time::Instant,
+    node_name: String,
+}
+
+impl Service {
+    /// Finds the GPUs and the cgroup hierarchies, opens the state directory and recovers what
+    /// it holds. Logs what it found.
+    pub fn start(config: NodeConfig) -> Result<Service, ServiceError> {
+        let found = gpus::discover(&config)?;
+        let hierarchies = Hierarchies::of_this_machine()?;
+        let state = StateDir::open(&config.service.state_dir)?;
+        let nvml_loaded = matches!(found.source, GpuSource::Nvml(_));
+        let source = ActivitySource::resolve(config.service.activity, nvml_loaded);
+        let node = Node::new(
+            found.gpus.iter().map(|g| g.gpu.clone()).collect(),
+            config.scheduler.clone(),
+        )
+        .map_err(|e| ServiceError::Inventory(e.to_string()))?;
+        let node_name = if config.service.node_name.is_empty() {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        } else {
+            config.service.node_name.clone()
+        };
+        match &found.source {
+            GpuSource::Fake => tracing::warn!(
+                "GPUs: {} FAKE GPU(s) from [[fake_gpu]] in the configuration; NVML is not used",
+                found.gpus.len()
+            ),
+            GpuSource::Nvml(nvml) => tracing::info!(
+                "GPUs: {} found by NVML (driver {})",
+                found.gpus.len(),
+                nvml.driver_version().unwrap_or_else(|| "unknown".into())
+            ),
+            GpuSource::None(why) => tracing::warn!(
+                "GPUs: none. {why}. Registrations will be refused until the service restarts with GPUs"
+            ),
+        }
+        for g in &found.gpus {
+            tracing::info!(
+                "GPU {}: {} {} {} bytes, device {} ({}:{}){}",
+                g.gpu.index.0,
+                g.gpu.model,
+                g.gpu.uuid,
+                g.gpu.memory,
+                g.device.path.display(),
+                g.device.major,
+                g.device.minor,
+                if g.fake { " FAKE" } else { "" }
+            );
+        }
+        tracing::info!(
+            "activity source: {} (configured {:?}), sampled every {:?}; freezer: v1 at {:?}, v2 at {:?}",
+            source.name(),
+            config.service.activity,
+            config.service.sample_interval,
+            hierarchies.freezer,
+            hierarchies.unified
+        );
+        let mut service = Service {
+            node,
+            gpus: found.gpus,
+            source: found.source,
+            hierarchies,
+            state,
+            sampler: ActivitySampler::new(source),
+            enforced: BTreeMap::new(),
+            origin: std::time::Instant::now(),
+            node_name,
+            config,
+        };
+        service.recover()?;
+        Ok(service)
+    }
+
+    /// The scheduler's clock. It starts at `reservation_ttl`, not 0, so that a recovered
+    /// reservation can be dated before the service started.
+    fn now(&self) -> Instant {
+        Instant::from_duration(self.origin.elapsed() + self.config.scheduler.reservation_ttl)
+    }
+
+    /// Runs the loop until a [`Event::Shutdown`] arrives or every sender is gone, then thaws
+    /// every container it froze.
+    pub fn run(&mut self, events: Receiver<Event>) {
+        let interval = self.config.service.sample_interval;
+        let mut next_sample = self.now();
+        let mut next_due: Option<Instant> = None;
+        loop {
+            let now = self.now();
+            let wake = next_due.map_or(next_sample, |d| d.min(next_sample));
+            let timeout = wake.saturating_since(now);
+            let first = match events.recv_timeout(timeout) {
+                Ok(event) => Some(event),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.shutdown("every event source is gone");
+                    return;
+                }
+            };
+            for event in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| events.try_recv().ok()))
+            {
+                match event {
+                    Event::Request(request, reply) => {
+                        let answer = self.handle(request);
+                        let _ = reply.send(answer);
+                    }
+                    Event::Status(reply) => {
+                        let _ = reply.send(self.status());
+                    }
+                    Event::Shutdown(why) => {
+                        self.shutdown(why);
+                        return;
+                    }
+                }
+            }
+            let now = self.now();
+            if now >= next_sample {
+                self.sample();
+                next_sample = next_sample + interval;
+                if next_sample <= now {
+                    next_sample = now + interval;
+                }
+            }
+            next_due = self.decide();
+        }
+    }
+
+    /// Samples activity, and releases containers whose processes are all gone.
+    fn sample(&mut self) {
+        let mut exited = Vec::new();
+        for (&vgpu, e) in &self.enforced {
+            match e.cgroup.is_populated() {
+                Ok(true) => {}
+                Ok(false) | Err(CgroupError::Gone(_)) => exited.push(vgpu),
+                Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
+            }
+        }
+        for vgpu in exited {
+            self.release_exited(vgpu);
+        }
+        let gpus_of: Vec<(VgpuId, Vec<gpuplex_scheduler::GpuIndex>)> = self
+            .enforced
+            .keys()
+            .filter_map(|&v| Some((v, self.node.record(v)?.assignment.gpus.clone())))
+            .collect();
+        let watched: Vec<Watched<'_>> = gpus_of
+            .iter()
+            .map(|(v, gpus)| Watched {
+                vgpu: *v,
+                cgroup: &self.enforced[v].cgroup,
+                gpus,
+                thawed_at: self.enforced[v].thawed_at,
+            })
+            .collect();
+        let nvml = match &mut self.source {
+            GpuSource::Nvml(n) => Some(n.as_mut()),
+            _ => None,
+        };
+        let samples =
+            self.sampler
+                .sample(&watched, &self.hierarchies, nvml, std::time::Instant::now());
+        let now = self.now();
+        for (vgpu, has_work) in samples {
+            self.node.observe(vgpu, has_work, now);
+        }
+    }
+
+    /// Decides and carries the decision out; returns when to decide again at the latest.
+    fn decide(&mut self) -> Option<Instant> {
+        let decision = self.node.decide(self.now());
+        for lapsed in &decision.lapsed {
+            tracing::info!(
+                "{}: reservation lapsed: no container attached within {:?}",
+                lapsed.id,
+                self.config.scheduler.reservation_ttl
+            );
+            self.forget(lapsed.id);
+        }
+        self.carry_out(&decision.actions);
+        decision.next_due
+    }
+
+    /// The status, with what only the service knows.
+    pub fn status(&self) -> NodeStatus {
+        let mut status = self.node.status(self.now());
+        status.node = self.node_name.clone();
+        status.activity = self.sampler.source().name().to_string();
+        for g in &mut status.gpus {
+            g.fake = self.gpus.iter().any(|n| n.gpu.index.0 == g.index && n.fake);
+        }
+        for c in &mut status.containers {
+            if let Some(e) = c.vgpu.parse().ok().and_then(|v| self.enforced.get(&v)) {
+                c.frozen_seconds = e.frozen_seconds().as_secs_f64();
+            }
+        }
+        status
+    }
+
+    fn shutdown(&mut self, why: &str) {
+        let frozen = self.thaw_all();
+        tracing::info!(
+            "stopping ({why}): thawed {frozen} frozen container(s); {} registration(s) stay in {} for the next start",
+            self.node.records().count(),
+            self.state.path().display()
+        );
+    }
+}
+
+/// Runs the node service in the foreground until SIGTERM or SIGINT: the whole of
+/// `containerd-shim-gpuplex-v1 serve`.
+pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
+    let mut service = Service::start(config)?;
+    let (events, inbox) = mpsc::channel();
+    let socket = socket::bind(&service.config.service.socket)?;
+    tracing::info!(
+        "listening on {} (mode 0600)",
+        service.config.service.socket.display()
+    );
+    if !service.config.service.metrics_listen.is_empty() {
+        let address = service.config.service.metrics_listen.clone();
+        let listener =
+            std::net::TcpListener::bind(&address).map_err(|source| ServiceError::Metrics {
+                address: address.clone(),
+                source,
+            })?;
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!("metrics: http://{local}/metrics");
+        }
+        let asker: Sender<Event> = events.clone();
+        crate::metrics::serve(listener, move || {
+            let (tx, rx) = mpsc::channel();
+            asker.send(Event::Status(tx)).ok()?;
+            rx.recv_timeout(Duration::from_secs(5)).ok()
+        })
+        .map_err(|source| ServiceError::Metrics { address, source })?;
+    }
+    spawn_signal_thread(events.clone())?;
+    socket::spawn_accept_loop(socket, events);
+    service.run(inbox);
+    Ok(())
+}
+
+fn spawn_signal_thread(events: Sender<Event>) -> Result<(), ServiceError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ServiceError::Signals)?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let name = if signal == SIGTERM {
+                    "SIGTERM"
+                } else {
+                    "SIGINT"
+                };
+                let _ = events.send(Event::Shutdown(name));
+            }
+        })
+        .map_err(ServiceError::Signals)?;
+    Ok(())
+}

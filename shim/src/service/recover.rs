@@ -1,0 +1,144 @@
+//! Starting again from `state_dir`: every saved vGPU whose container still runs is bound again
+//! as it was; every saved container is thawed first (nothing holds a window at start); what
+//! cannot be bound again (its container is gone, its GPU changed, its memory no longer fits) is
+//! dropped with a log line saying why.
+
+use std::time::{Duration, SystemTime};
+
+use gpuplex_scheduler::inventory::Assignment;
+use gpuplex_scheduler::node::{Attachment, Target, VgpuRecord};
+use gpuplex_scheduler::request::{VgpuRequest, PREFIX};
+use gpuplex_scheduler::{GpuIndex, VgpuId};
+
+use super::enforce::Enforced;
+use super::{Service, ServiceError};
+use crate::state::{unix_ms, SavedVgpu};
+
+impl Service {
+    /// Recovers the saved registrations.
+    pub(super) fn recover(&mut self) -> Result<(), ServiceError> {
+        let loaded = self.state.load()?;
+        for why in &loaded.unreadable {
+            tracing::error!("state: {why}");
+        }
+        // Fail open first: whatever gpuplex may have frozen is thawed before anything else.
+        for saved in &loaded.vgpus {
+            if let Some(cgroup) = saved.attachment.as_ref().and_then(|a| a.freezer.cgroup()) {
+                if cgroup.path().is_dir() {
+                    if let Err(e) = cgroup.thaw() {
+                        tracing::warn!(
+                            "{}: cannot thaw {}: {e}",
+                            saved.vgpu,
+                            cgroup.path().display()
+                        );
+                    }
+                }
+            }
+        }
+        let (mut kept, mut dropped) = (0, 0);
+        for saved in loaded.vgpus {
+            let name = saved.vgpu.clone();
+            match self.rebind(saved) {
+                Ok(()) => kept += 1,
+                Err(why) => {
+                    dropped += 1;
+                    tracing::warn!("{name}: not recovered: {why}");
+                    if let Err(e) = self.state.remove(&name) {
+                        tracing::error!("{name}: {e}");
+                    }
+                }
+            }
+        }
+        if kept + dropped > 0 {
+            tracing::info!(
+                "recovered {kept} registration(s) from {}; dropped {dropped}",
+                self.state.path().display()
+            );
+        }
+        Ok(())
+    }
+
+    fn rebind(&mut self, saved: SavedVgpu) -> Result<(), String> {
+        let id: VgpuId = saved
+            .vgpu
+            .parse()
+            .map_err(|_| format!("{:?} is not a vGPU id", saved.vgpu))?;
+        let request = VgpuRequest::from_annotations(
+            saved
+                .annotations
+                .iter()
+                .filter(|(k, _)| k.starts_with(PREFIX))
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(|e| e.to_string())?
+        .ok_or("its annotations ask for no vGPU")?;
+        let mut gpus = Vec::new();
+        for g in &saved.gpus {
+            match self.node.inventory().gpu(GpuIndex(g.index)) {
+                Some(now) if now.uuid == g.uuid => gpus.push(GpuIndex(g.index)),
+                Some(now) => {
+                    return Err(format!(
+                        "GPU {} is {} now, not {} as when it was assigned",
+                        g.index, now.uuid, g.uuid
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "GPU {} ({}) is not on this node now",
+                        g.index, g.uuid
+                    ))
+                }
+            }
+        }
+        let (attachment, cgroup) = match &saved.attachment {
+            None => (None, None),
+            Some(a) => {
+                let cgroup = a.freezer.cgroup().ok_or_else(|| {
+                    format!("freezer version {:?} is not known", a.freezer.version)
+                })?;
+                if !cgroup.is_populated().unwrap_or(false) {
+                    return Err(format!(
+                        "{}: its processes are gone ({} is empty or removed)",
+                        a.container,
+                        cgroup.path().display()
+                    ));
+                }
+                let target = match (a.pid, &a.cgroup) {
+                    (Some(pid), _) => Target::Pid(pid),
+                    (None, Some(path)) => Target::Cgroup(path.clone()),
+                    (None, None) => return Err("its attachment names no pid and no cgroup".into()),
+                };
+                (
+                    Some(Attachment {
+                        container: a.container.clone(),
+                        target,
+                    }),
+                    Some(cgroup),
+                )
+            }
+        };
+        // A reservation keeps its age: the time it has left is what it had when the service
+        // stopped, less the time the service was down.
+        let age = Duration::from_millis(
+            unix_ms(SystemTime::now()).saturating_sub(saved.reserved_at_unix_ms),
+        );
+        let now = self.now();
+        let record = VgpuRecord {
+            id,
+            annotations: saved.annotations.clone(),
+            assignment: Assignment {
+                vgpu: id,
+                gpus,
+                memory: request.memory,
+            },
+            request,
+            reserved_at: now - age,
+            attachment: attachment.clone(),
+        };
+        self.node.restore(record, now).map_err(|e| e.to_string())?;
+        if let Some(cgroup) = cgroup {
+            self.enforced.insert(id, Enforced::new(cgroup));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! The node socket's requests, carried out: the node decides, the service finds cgroups and
+//! saves the result before it answers. A request that fails leaves nothing behind: a
+//! reservation or registration whose record cannot be saved is released again.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
+use gpuplex_scheduler::protocol::{Reply, Request};
+use gpuplex_scheduler::VgpuId;
+
+use super::enforce::Enforced;
+use super::Service;
+use crate::cgroup::FreezerCgroup;
+use crate::gpus::GpuSource;
+use crate::state::{unix_ms, SavedAttachment, SavedFreezer, SavedGpu, SavedVgpu, FORMAT};
+
+impl Service {
+    /// Carries out one request and says how it went.
+    pub fn handle(&mut self, request: Request) -> Reply {
+        match request {
+            Request::Status => Reply {
+                ok: true,
+                status: Some(self.status()),
+                ..Reply::default()
+            },
+            Request::Release(key) => self.release(&key),
+            Request::Reserve { annotations } => self.reserve(&annotations),
+            Request::Attach { vgpu, attachment } => self.attach(vgpu, attachment),
+            Request::Register {
+                annotations,
+                attachment,
+            } => self.register(&annotations, attachment),
+        }
+    }
+
+    fn no_gpu(&self) -> Option<Reply> {
+        if !self.gpus.is_empty() {
+            return None;
+        }
+        let why = match &self.source {
+            GpuSource::None(why) => why.as_str(),
+            _ => "no GPU was found",
+        };
+        Some(Reply::error(format!(
+            "this node has no GPU to assign: {why}"
+        )))
+    }
+
+    fn reserve(&mut self, annotations: &BTreeMap<String, String>) -> Reply {
+        if let Some(refused) = self.no_gpu() {
+            return refused;
+        }
+        let now = self.now();
+        let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let vgpu = match self.node.reserve(pairs, now) {
+            Ok(record) => record.id,
+            Err(e) => return Reply::error(e),
+        };
+        if let Err(e) = self.save(vgpu, None) {
+            return Reply::error(e);
+        }
+        tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
+        self.reply(vgpu)
+    }
+
+    fn attach(&mut self, vgpu: VgpuId, attachment: Attachment) -> Reply {
+        let attached = self.node.record(vgpu).and_then(|r| r.attachment.as_ref());
+        if attached.is_some_and(|a| a.container == attachment.container) {
+            return self.reply(vgpu);
+        }
+        let cgroup = match self.freezer_of(&attachment.target) {
+            Ok(c) => c,
+            Err(e) => return Reply::error(e),
+        };
+        if let Err(e) = self.node.attach(vgpu, attachment.clone(), self.now()) {
+            return Reply::error(e);
+        }
+        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
+            return Reply::error(e);
+        }
+        self.enforce(vgpu, cgroup, attachment);
+        self.reply(vgpu)
+    }
+
+    fn register(
+        &mut self,
+        annotations: &BTreeMap<String, String>,
+        attachment: Attachment,
+    ) -> Reply {
+        if let Some(vgpu) = self.node.vgpu_of(&attachment.container) {
+            return self.reply(vgpu);
+        }
+        if let Some(refused) = self.no_gpu() {
+            return refused;
+        }
+        let cgroup = match self.freezer_of(&attachment.target) {
+            Ok(c) => c,
+            Err(e) => return Reply::error(e),
+        };
+        if let Some(other) = self
+            .enforced
+            .iter()
+            .find(|(_, e)| e.cgroup.path() == cgroup.path())
+        {
+            return Reply::error(format!(
+                "{} is already the cgroup of {} ({}): one cgroup is frozen as one container",
+                cgroup.path().display(),
+                self.container_of(*other.0),
+                other.0
+            ));
+        }
+        let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let vgpu = match self.node.register(pairs, attachment.clone(), self.now()) {
+            Ok(record) => record.id,
+            Err(e) => return Reply::error(e),
+        };
+        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
+            return Reply::error(e);
+        }
+        self.enforce(vgpu, cgroup, attachment);
+        self.reply(vgpu)
+    }
+
+    fn release(&mut self, key: &ReleaseKey) -> Reply {
+        let Some(released) = self.node.release(key, self.now()) else {
+            return Reply {
+                ok: true,
+                ..Reply::default()
+            };
+        };
+        let vgpu = released.record.id;
+        tracing::info!(
+            "{vgpu} ({}): released",
+            released
+                .record
+                .attachment
+                .as_ref()
+                .map_or("no container", |a| a.container.as_str())
+        );
+        let reply = Reply {
+            ok: true,
+            vgpu: Some(self.node.vgpu_reply(&released.record)),
+            ..Reply::default()
+        };
+        self.forget(vgpu);
+        reply
+    }
+
+    fn freezer_of(&self, target: &Target) -> Result<FreezerCgroup, String> {
+        let found = match target {
+            Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
+            Target::Cgroup(path) => FreezerCgroup::at(path.as_ref(), &self.hierarchies),
+        };
+        found.map_err(|e| e.to_string())
+    }
+
+    fn enforce(&mut self, vgpu: VgpuId, cgroup: FreezerCgroup, attachment: Attachment) {
+        tracing::info!(
+            "{vgpu}: {} attached on GPU {}, freezer {} {}",
+            attachment.container,
+            self.gpus_of(vgpu),
+            cgroup.version(),
+            cgroup.path().display()
+        );
+        self.enforced.insert(vgpu, Enforced::new(cgroup));
+    }
+
+    /// Saves a vGPU's record; on failure releases it and returns the error reply.
+    fn save(&mut self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>) -> Result<(), String> {
+        let record = self.node.record(vgpu).expect("just reserved or attached");
+        let age = self.now().saturating_since(record.reserved_at);
+        let reserved_at = SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let saved = saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at);
+        match self.state.save(&saved) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
+                let _ = self.state.remove(&vgpu.to_string());
+                tracing::error!("{vgpu}: {e}");
+                Err(format!(
+                    "{e}; nothing was reserved, since a restart would have lost it"
+                ))
+            }
+        }
+    }
+
+    fn node_gpu_uuids(&self) -> BTreeMap<u32, String> {
+        self.gpus
+            .iter()
+            .map(|g| (g.gpu.index.0, g.gpu.uuid.clone()))
+            .collect()
+    }
+
+    fn reply(&self, vgpu: VgpuId) -> Reply {
+        Reply {
+            ok: true,
+            vgpu: self.node.record(vgpu).map(|r| self.node.vgpu_reply(r)),
+            ..Reply::default()
+        }
+    }
+
+    fn gpus_of(&self, vgpu: VgpuId) -> String {
+        self.node.record(vgpu).map_or(String::new(), |r| {
+            let gpus: Vec<String> = r.assignment.gpus.iter().map(|g| g.0.to_string()).collect();
+            gpus.join(",")
+        })
+    }
+
+    fn container_of(&self, vgpu: VgpuId) -> String {
+        self.node
+            .record(vgpu)
+            .and_then(|r| r.attachment.as_ref())
+            .map_or_else(|| vgpu.to_string(), |a| a.container.clone())
+    }
+}
+
+/// What is saved of a vGPU.
+fn saved_vgpu(
+    record: &VgpuRecord,
+    cgroup: Option<&FreezerCgroup>,
+    uuids: &BTreeMap<u32, String>,
+    reserved_at: SystemTime,
+) -> SavedVgpu {
+    SavedVgpu {
+        format: FORMAT,
+        vgpu: record.id.to_string(),
+        annotations: record.annotations.clone(),
+        gpus: record
+            .assignment
+            .gpus
+            .iter()
+            .map(|g| SavedGpu {
+                index: g.0,
+                uuid: uuids.get(&g.0).cloned().unwrap_or_default(),
+            })
+            .collect(),
+        reserved_at_unix_ms: unix_ms(reserved_at),
+        attachment: record.attachment.as_ref().and_then(|a| {
+            let cgroup = cgroup?;
+            Some(SavedAttachment {
+                container: a.container.clone(),
+                pid: match a.target {
+                    Target::Pid(p) => Some(p),
+                    Target::Cgroup(_) => None,
+                },
+                cgroup: match &a.target {
+                    Target::Cgroup(c) => Some(c.clone()),
+                    Target::Pid(_) => None,
+                },
+                freezer: SavedFreezer::of(cgroup),
+            })
+        }),
+    }
+}

@@ -1,0 +1,337 @@
+//! The registrations on disk: one JSON file per vGPU under `state_dir`, so that a service killed
+//! with SIGKILL and started again finds every live registration.
+//!
+//! Each write goes to a temporary file in the same directory, is flushed to disk, and is renamed
+//! over the old file (then the directory is flushed): a reader sees the old record or the new one,
+//! never a torn one. A file that cannot be read back is set aside as `<name>.bad` and reported,
+//! never silently dropped.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{FreezerCgroup, FreezerVersion};
+
+/// The format version written in each file.
+pub const FORMAT: u32 = 1;
+
+/// A vGPU as saved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedVgpu {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Its id (`vgpu-3`).
+    pub vgpu: String,
+    /// The annotations it was reserved with (its request is read from them again).
+    pub annotations: BTreeMap<String, String>,
+    /// Its GPUs, by index, with the UUID each had (a GPU whose UUID changed is not the same).
+    pub gpus: Vec<SavedGpu>,
+    /// When it was reserved, in milliseconds since the Unix epoch.
+    pub reserved_at_unix_ms: u64,
+    /// Its container, once attached.
+    pub attachment: Option<SavedAttachment>,
+}
+
+/// A GPU of a saved vGPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedGpu {
+    /// Host index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+}
+
+/// A saved vGPU's container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedAttachment {
+    /// The container's id.
+    pub container: String,
+    /// The init pid it was attached with, if by pid.
+    pub pid: Option<u32>,
+    /// The cgroup path it was attached with, if by path.
+    pub cgroup: Option<String>,
+    /// The freezer cgroup found for it.
+    pub freezer: SavedFreezer,
+}
+
+/// A freezer cgroup as saved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedFreezer {
+    /// `v1` or `v2`.
+    pub version: String,
+    /// The cgroup's directory.
+    pub path: PathBuf,
+}
+
+impl SavedFreezer {
+    /// Saves a freezer cgroup.
+    pub fn of(cgroup: &FreezerCgroup) -> SavedFreezer {
+        SavedFreezer {
+            version: cgroup.version().to_string(),
+            path: cgroup.path().to_path_buf(),
+        }
+    }
+
+    /// The freezer cgroup saved; `None` for an unknown version.
+    pub fn cgroup(&self) -> Option<FreezerCgroup> {
+        let version = match self.version.as_str() {
+            "v1" => FreezerVersion::V1,
+            "v2" => FreezerVersion::V2,
+            _ => return None,
+        };
+        Some(FreezerCgroup::new(version, self.path.clone()))
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis() as u64
+}
+
+/// Why the state directory cannot be used. One line, with the path.
+#[derive(Debug, thiserror::Error)]
+#[error("state_dir: cannot {action} {path}: {source}")]
+pub struct StateError {
+    /// What was being done.
+    pub action: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// Why it failed.
+    pub source: std::io::Error,
+}
+
+/// The state directory.
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+/// What [`StateDir::load`] found.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The records read.
+    pub vgpus: Vec<SavedVgpu>,
+    /// Files that could not be read, set aside as `.bad`, each with why (one line).
+    pub unreadable: Vec<String>,
+}
+
+impl StateDir {
+    /// Opens (creating it, mode 0700) the state directory.
+    pub fn open(dir: &Path) -> Result<StateDir, StateError> {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| StateError {
+                action: "create",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(StateDir {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file_of(&self, vgpu: &str) -> PathBuf {
+        self.dir.join(format!("{vgpu}.json"))
+    }
+
+    /// Writes a record atomically (temporary file, flush, rename, flush the directory).
+    pub fn save(&self, saved: &SavedVgpu) -> Result<(), StateError> {
+        let path = self.file_of(&saved.vgpu);
+        let tmp = self.dir.join(format!(".{}.json.tmp", saved.vgpu));
+        let err = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StateError {
+                action,
+                path,
+                source,
+            }
+        };
+        let mut bytes = serde_json::to_vec_pretty(saved).expect("a record always serializes");
+        bytes.push(b'\n');
+        let mut file = File::create(&tmp).map_err(err("create", &tmp))?;
+        file.write_all(&bytes).map_err(err("write", &tmp))?;
+        file.sync_all().map_err(err("flush", &tmp))?;
+        drop(file);
+        fs::rename(&tmp, &path).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            err("rename into", &path)(e)
+        })?;
+        self.sync_dir()
+    }
+
+    /// Removes a record; an absent one is not an error.
+    pub fn remove(&self, vgpu: &str) -> Result<(), StateError> {
+        let path = self.file_of(vgpu);
+        match fs::remove_file(&path) {
+            Ok(()) => self.sync_dir(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StateError {
+                action: "remove",
+                path,
+                source,
+            }),
+        }
+    }
+
+    fn sync_dir(&self) -> Result<(), StateError> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| StateError {
+                action: "flush",
+                path: self.dir.clone(),
+                source,
+            })
+    }
+
+    /// Reads every record. Leftover temporary files (a write cut short) are removed; a file
+    /// that does not parse is renamed to `.bad` and reported.
+    pub fn load(&self) -> Result<Loaded, StateError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| StateError {
+            action: "read",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut loaded = Loaded::default();
+        let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        names.sort();
+        for path in names {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let parsed = fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<SavedVgpu>(&b).map_err(|e| e.to_string()))
+                .and_then(|s| match s.format {
+                    FORMAT if format!("{}.json", s.vgpu) == name => Ok(s),
+                    FORMAT => Err(format!("it holds {}, not what its name says", s.vgpu)),
+                    other => Err(format!(
+                        "format {other} is not known (this gpuplex writes {FORMAT})"
+                    )),
+                });
+            match parsed {
+                Ok(saved) => loaded.vgpus.push(saved),
+                Err(why) => {
+                    let bad = path.with_extension("json.bad");
+                    let _ = fs::rename(&path, &bad);
+                    loaded.unreadable.push(format!(
+                        "{}: {why} (set aside as {})",
+                        path.display(),
+                        bad.display()
+                    ));
+                }
+            }
+        }
+        Ok(loaded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(n: u32) -> SavedVgpu {
+        SavedVgpu {
+            format: FORMAT,
+            vgpu: format!("vgpu-{n}"),
+            annotations: [("gpuplex.io/weight".to_string(), "2".to_string())].into(),
+            gpus: vec![SavedGpu {
+                index: 0,
+                uuid: "GPU-fake-0".into(),
+            }],
+            reserved_at_unix_ms: 1_700_000_000_000,
+            attachment: Some(SavedAttachment {
+                container: format!("c{n}"),
+                pid: Some(42),
+                cgroup: None,
+                freezer: SavedFreezer {
+                    version: "v1".into(),
+                    path: "/sys/fs/cgroup/freezer/c".into(),
+                },
+            }),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_removal_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(&dir.path().join("state")).unwrap();
+        state.save(&saved(1)).unwrap();
+        state.save(&saved(2)).unwrap();
+        let mut second = saved(2);
+        second.attachment = None;
+        state.save(&second).unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.vgpus, vec![saved(1), second]);
+        assert!(loaded.unreadable.is_empty());
+        state.remove("vgpu-1").unwrap();
+        state.remove("vgpu-1").unwrap();
+        assert_eq!(state.load().unwrap().vgpus.len(), 1);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &fs::metadata(state.path()).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn torn_and_foreign_files_are_set_aside_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        state.save(&saved(1)).unwrap();
+        fs::write(dir.path().join(".vgpu-2.json.tmp"), "{\"format\":").unwrap();
+        fs::write(dir.path().join("vgpu-3.json"), "{\"format\":1,").unwrap();
+        let mut misnamed = saved(5);
+        misnamed.vgpu = "vgpu-6".into();
+        fs::write(
+            dir.path().join("vgpu-5.json"),
+            serde_json::to_vec(&misnamed).unwrap(),
+        )
+        .unwrap();
+        fs::write(dir.path().join("README"), "not a record").unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.vgpus, vec![saved(1)]);
+        assert_eq!(loaded.unreadable.len(), 2, "{:?}", loaded.unreadable);
+        assert!(loaded.unreadable.iter().all(|u| !u.contains('\n')));
+        assert!(dir.path().join("vgpu-3.json.bad").exists());
+        assert!(!dir.path().join(".vgpu-2.json.tmp").exists());
+        assert!(dir.path().join("README").exists());
+    }
+
+    #[test]
+    fn a_freezer_round_trips() {
+        let f = SavedFreezer {
+            version: "v2".into(),
+            path: "/sys/fs/cgroup/unified/x".into(),
+        };
+        let cgroup = f.cgroup().unwrap();
+        assert_eq!(cgroup.version(), FreezerVersion::V2);
+        assert_eq!(SavedFreezer::of(&cgroup), f);
+        let unknown = SavedFreezer {
+            version: "v3".into(),
+            ..f
+        };
+        assert!(unknown.cgroup().is_none());
+    }
+}
