@@ -1,0 +1,162 @@
+//! The node service's costs, measured with real cgroups and processes (root):
+//!
+//! 1. switch latency: revoke one busy container's window (freeze, confirmed) and grant the next
+//!    (thaw), with each freezer version, through the same code the service runs;
+//! 2. registration round trip over the node socket (register, then release), p50/p99;
+//! 3. the service's CPU while 8 busy containers contend for one GPU at 200 ms windows.
+//!
+//! `cargo bench -p gpuplex-shim --bench node_service` (or `make bench`). Knobs:
+//! GPUPLEX_BENCH_SWITCHES (default 1000), GPUPLEX_BENCH_RTTS (1000), GPUPLEX_BENCH_SECONDS (30).
+//! Results go to docs/benchmarks.md by hand, with the machine they ran on.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use gpuplex_shim::cgroup::{freeze_all, FreezerCgroup, FreezerVersion};
+use serde_json::json;
+use support::*;
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn quantiles(mut samples: Vec<Duration>) -> String {
+    samples.sort();
+    let q = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
+    format!(
+        "p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  (n = {})",
+        q(0.5).as_secs_f64() * 1e3,
+        q(0.99).as_secs_f64() * 1e3,
+        q(1.0).as_secs_f64() * 1e3,
+        samples.len()
+    )
+}
+
+fn switch_latency(version: FreezerVersion, switches: usize) {
+    let h = hierarchies();
+    if h.mount_of(version).is_none() {
+        println!("switch latency, freezer {version}: SKIPPED (no such hierarchy here)");
+        return;
+    }
+    let mut groups: Vec<TestCgroup> = (0..2)
+        .map(|i| TestCgroup::new(version, &format!("bench-switch{i}")))
+        .collect();
+    for g in &mut groups {
+        g.spawn_busy();
+    }
+    let cgroups: Vec<FreezerCgroup> = groups
+        .iter()
+        .map(|g| FreezerCgroup::at(&g.path, &h).unwrap())
+        .collect();
+    cgroups[1].freeze(Duration::from_secs(1)).unwrap();
+    let (mut switch, mut freeze, mut thaw) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..switches {
+        let (running, waiting) = (&cgroups[i % 2], &cgroups[(i + 1) % 2]);
+        // Let the running one run a little, as within a window.
+        std::thread::sleep(Duration::from_millis(2));
+        let start = Instant::now();
+        for r in freeze_all(&[running], Duration::from_secs(1)) {
+            r.unwrap();
+        }
+        let frozen = start.elapsed();
+        waiting.thaw().unwrap();
+        let total = start.elapsed();
+        switch.push(total);
+        freeze.push(frozen);
+        thaw.push(total - frozen);
+    }
+    println!("switch latency, freezer {version}: {}", quantiles(switch));
+    println!("  of which freeze (confirmed):   {}", quantiles(freeze));
+    println!("  of which thaw:                 {}", quantiles(thaw));
+}
+
+fn registration_round_trip(rounds: usize) {
+    let service = NodeService::start(Setup::default());
+    let mut g = TestCgroup::new(FreezerVersion::V1, "bench-rtt");
+    g.spawn("exec sleep 1000");
+    let path = g.path.to_str().unwrap().to_string();
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::os::unix::net::UnixStream::connect(&service.socket).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut ask = |request: &serde_json::Value| {
+        let start = Instant::now();
+        writer.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let took = start.elapsed();
+        let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(reply["ok"], true, "{reply}");
+        took
+    };
+    let (mut register, mut release) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let container = format!("rtt{i}");
+        register.push(ask(&json!({
+            "op": "register", "container": container, "cgroup": path,
+            "annotations": {"gpuplex.io/gpu-memory": "1Gi"},
+        })));
+        release.push(ask(&json!({"op": "release", "container": container})));
+    }
+    println!(
+        "registration round trip (register, saved to disk): {}",
+        quantiles(register)
+    );
+    println!(
+        "release round trip:                                {}",
+        quantiles(release)
+    );
+}
+
+fn service_cpu(seconds: usize) {
+    let service = NodeService::start(Setup {
+        slice: "200ms",
+        sample_interval: "50ms",
+        memory: "80Gi",
+        ..Setup::default()
+    });
+    let mut groups = Vec::new();
+    for i in 0..8 {
+        let mut g = TestCgroup::new(FreezerVersion::V1, &format!("bench-cpu{i}"));
+        g.spawn_busy();
+        service.register(
+            &format!("busy{i}"),
+            &g,
+            json!({"gpuplex.io/gpu-memory": "8Gi"}),
+        );
+        groups.push(g);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let before = process_cpu(service.pid());
+    let switches = service.status()["gpus"][0]["switches"].as_u64().unwrap();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(seconds as u64));
+    let used = process_cpu(service.pid()) - before;
+    let wall = start.elapsed();
+    let switched = service.status()["gpus"][0]["switches"].as_u64().unwrap() - switches;
+    println!(
+        "service CPU, 8 busy containers on one GPU, 200 ms windows, 50 ms samples: {:.2}% of one core over {:.0} s ({switched} switches)",
+        used.as_secs_f64() / wall.as_secs_f64() * 100.0,
+        wall.as_secs_f64()
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` runs this too: only measure when asked.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    if !can_run("node_service benchmarks") {
+        return;
+    }
+    let _serial = serial();
+    switch_latency(FreezerVersion::V1, knob("GPUPLEX_BENCH_SWITCHES", 1000));
+    switch_latency(FreezerVersion::V2, knob("GPUPLEX_BENCH_SWITCHES", 1000));
+    registration_round_trip(knob("GPUPLEX_BENCH_RTTS", 1000));
+    service_cpu(knob("GPUPLEX_BENCH_SECONDS", 30));
+}

@@ -1,0 +1,369 @@
+//! What the node service's integration tests share: a service process with its own config,
+//! socket and state in a temporary directory, fake GPU device nodes, cgroups with busy
+//! processes in them, and the CPU time those processes got.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpuplex_shim::cgroup::{FreezerVersion, Hierarchies};
+use serde_json::{json, Value};
+
+/// Tests that measure CPU shares must not run at the same time on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the lock that keeps the timing-sensitive tests of this binary apart.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether the tests can run: root, with a freezer. Says loudly why not.
+pub fn can_run(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: {test} needs root (cgroups, mknod); run the tests as root, as CI does");
+        return false;
+    }
+    true
+}
+
+/// The cgroup hierarchies of this machine.
+pub fn hierarchies() -> Hierarchies {
+    Hierarchies::of_this_machine().expect("cgroup hierarchies")
+}
+
+/// A node service under test.
+pub struct NodeService {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub child: Option<Child>,
+    pub devices: Vec<PathBuf>,
+}
+
+/// The options a test sets in gpuplex.toml.
+pub struct Setup {
+    pub gpus: usize,
+    pub memory: &'static str,
+    pub slice: &'static str,
+    pub sample_interval: &'static str,
+    pub reservation_ttl: &'static str,
+    pub activity: &'static str,
+    pub extra_service: String,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            gpus: 1,
+            memory: "16Gi",
+            slice: "50ms",
+            sample_interval: "25ms",
+            reservation_ttl: "60s",
+            activity: "cpu",
+            extra_service: String::new(),
+        }
+    }
+}
+
+static NEXT_MINOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl NodeService {
+    /// Writes the config, makes the fake GPUs' nodes and starts the service.
+    pub fn start(setup: Setup) -> NodeService {
+        let dir = tempfile::tempdir().unwrap();
+        let mut devices = Vec::new();
+        let mut fake = String::new();
+        for i in 0..setup.gpus {
+            let path = dir.path().join(format!("fakegpu{i}"));
+            let minor = 200 + NEXT_MINOR.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 50;
+            nix::sys::stat::mknod(
+                &path,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(195, minor as u64),
+            )
+            .expect("mknod");
+            fake.push_str(&format!(
+                "[[fake_gpu]]\nuuid = \"GPU-fake-{i}\"\nmodel = \"Fake A100\"\nmemory = \"{}\"\ndevice = \"{}\"\n\n",
+                setup.memory,
+                path.display()
+            ));
+            devices.push(path);
+        }
+        let socket = dir.path().join("gpuplex.sock");
+        let config = dir.path().join("gpuplex.toml");
+        let text = format!(
+            "[scheduler]\nslice = \"{}\"\nreservation_ttl = \"{}\"\n\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"{}\"\nsample_interval = \"{}\"\nnode_name = \"testnode\"\n{}\n\n{fake}",
+            setup.slice,
+            setup.reservation_ttl,
+            socket.display(),
+            dir.path().join("state").display(),
+            setup.activity,
+            setup.sample_interval,
+            setup.extra_service,
+        );
+        std::fs::write(&config, text).unwrap();
+        let log = dir.path().join("service.log");
+        let mut service = NodeService {
+            dir,
+            config,
+            socket,
+            log,
+            child: None,
+            devices,
+        };
+        service.spawn();
+        service
+    }
+
+    /// Starts (or starts again) the service process and waits for its socket.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_containerd-shim-gpuplex-v1"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .env("GPUPLEX_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start the node service");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                panic!("the node service exited with {status}: {}", self.log_text());
+            }
+            if UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "the node service did not listen within 10 s: {}",
+            self.log_text()
+        );
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// One request, one reply.
+    pub fn ask(&self, request: &Value) -> Value {
+        self.ask_line(&request.to_string())
+    }
+
+    /// One raw line, one reply. A write error is not one: the service answers a line over
+    /// the size bound and closes the connection before the client has written all of it.
+    pub fn ask_line(&self, line: &str) -> Value {
+        let mut stream = UnixStream::connect(&self.socket).expect("connect");
+        let _ = stream
+            .write_all(line.as_bytes())
+            .and_then(|()| stream.write_all(b"\n"));
+        let mut reply = String::new();
+        BufReader::new(stream).read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("reply {reply:?}: {e}"))
+    }
+
+    pub fn status(&self) -> Value {
+        let reply = self.ask(&json!({"op": "status"}));
+        assert_eq!(reply["ok"], true, "{reply}");
+        reply["status"].clone()
+    }
+
+    /// The status entry of a container.
+    pub fn container(&self, id: &str) -> Option<Value> {
+        self.status()["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["container"] == id || c["id"] == id)
+            .cloned()
+    }
+
+    /// Registers a cgroup; panics with the reply when refused.
+    /// Without a `gpuplex.io/gpu-memory` annotation, asks for 4Gi so that several fit.
+    pub fn register(&self, id: &str, cgroup: &TestCgroup, mut annotations: Value) -> Value {
+        if annotations.get("gpuplex.io/gpu-memory").is_none() {
+            annotations["gpuplex.io/gpu-memory"] = json!("4Gi");
+        }
+        let reply = self.ask(&json!({
+            "op": "register",
+            "container": id,
+            "cgroup": cgroup.path.to_str().unwrap(),
+            "annotations": annotations,
+        }));
+        assert_eq!(reply["ok"], true, "register {id}: {reply}");
+        reply
+    }
+
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for NodeService {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- node service log ---\n{}", self.log_text());
+        }
+    }
+}
+
+/// A cgroup the test made, with the processes it started in it.
+pub struct TestCgroup {
+    pub path: PathBuf,
+    pub version: FreezerVersion,
+    pub children: Vec<Child>,
+}
+
+impl TestCgroup {
+    /// Makes a cgroup named after the test under the v1 freezer or the cgroup2 mount.
+    pub fn new(version: FreezerVersion, name: &str) -> TestCgroup {
+        let h = hierarchies();
+        let root = match version {
+            FreezerVersion::V1 => h.freezer.expect("a v1 freezer hierarchy"),
+            FreezerVersion::V2 => h.unified.expect("a cgroup2 hierarchy"),
+        };
+        let path = root.join(format!("gpuplex-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        TestCgroup {
+            path,
+            version,
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts `sh -c script` in the cgroup; returns its pid.
+    pub fn spawn(&mut self, script: &str) -> u32 {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
+        self.children.push(child);
+        pid
+    }
+
+    /// Starts a busy loop in the cgroup.
+    pub fn spawn_busy(&mut self) -> u32 {
+        self.spawn("while :; do :; done")
+    }
+
+    /// Whether the kernel says it is frozen now.
+    pub fn is_frozen(&self) -> bool {
+        match self.version {
+            FreezerVersion::V1 => std::fs::read_to_string(self.path.join("freezer.state"))
+                .map(|s| s.trim() == "FROZEN")
+                .unwrap_or(false),
+            FreezerVersion::V2 => std::fs::read_to_string(self.path.join("cgroup.events"))
+                .map(|s| s.lines().any(|l| l == "frozen 1"))
+                .unwrap_or(false),
+        }
+    }
+
+    /// CPU time of the processes it started.
+    pub fn cpu(&self) -> Duration {
+        self.children.iter().map(|c| process_cpu(c.id())).sum()
+    }
+
+    pub fn kill_all(&mut self) {
+        self.thaw();
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn thaw(&self) {
+        let _ = match self.version {
+            FreezerVersion::V1 => std::fs::write(self.path.join("freezer.state"), "THAWED"),
+            FreezerVersion::V2 => std::fs::write(self.path.join("cgroup.freeze"), "0"),
+        };
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A process's CPU time (utime + stime) from /proc/PID/stat.
+pub fn process_cpu(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / hz)
+}
+
+/// Waits until `check` holds, up to `within`; returns how long it took.
+pub fn wait_until(within: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// The path of a file under the service's directory.
+pub fn under(service: &NodeService, name: &str) -> PathBuf {
+    service.dir.path().join(name)
+}
+
+/// Whether a path is a socket with mode 0600.
+pub fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
