@@ -4,7 +4,8 @@
 #               and draws their execution windows (the container demo replaces it once the
 #               node service and the podman hook land)
 #   make test   what CI runs: format check, clippy with warnings as errors, every test
-#   make bench  criterion benchmarks of the scheduler core (docs/benchmarks.md)
+#   make bench  criterion benchmarks of the scheduler core, and the node service's switch latency,
+#               registration round trip and CPU use with real cgroups (root) (docs/benchmarks.md)
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 
 CARGO  ?= cargo
@@ -39,14 +40,18 @@ clippy:
 
 bench:
 	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
+	$(CARGO) bench -p gpuplex-shim --bench node_service
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
 
-# Installs what exists today: the simulator, and the documented configuration (never over an
-# existing one).
+# Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the simulator, the
+# systemd unit and the documented configuration (never over an existing one).
 install: build
+	install -D -m 0755 target/release/containerd-shim-gpuplex-v1 $(DESTDIR)$(PREFIX)/bin/containerd-shim-gpuplex-v1
+	install -D -m 0755 target/release/gpuplexctl $(DESTDIR)$(PREFIX)/bin/gpuplexctl
 	install -D -m 0755 target/release/gpuplex-sim $(DESTDIR)$(PREFIX)/bin/gpuplex-sim
+	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \
 	else \
