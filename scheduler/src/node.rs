@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::accounting::VgpuStats;
+use crate::accounting::{GpuStats, VgpuStats};
 use crate::config::SchedulerConfig;
 use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
 use crate::request::{RequestError, VgpuRequest};
@@ -408,6 +408,18 @@ impl Node {
         self.next_id = self.next_id.max(vgpu.0 + 1);
         self.records.insert(vgpu, record);
         Ok(())
+    }
+}
+
+impl Node {
+    /// Carries a vGPU's accounting over a restart (see [`WindowScheduler::carry_over_vgpu_stats`]).
+    pub fn carry_over_vgpu_stats(&mut self, vgpu: VgpuId, stats: VgpuStats) -> bool {
+        self.windows.carry_over_vgpu_stats(vgpu, stats)
+    }
+
+    /// Carries a GPU's accounting over a restart.
+    pub fn carry_over_gpu_stats(&mut self, gpu: GpuIndex, stats: GpuStats) -> bool {
+        self.windows.carry_over_gpu_stats(gpu, stats)
     }
 }
 

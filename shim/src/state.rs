@@ -91,6 +91,47 @@ impl SavedFreezer {
     }
 }
 
+/// The accounting of every vGPU and GPU, saved about once a second (`accounting.json`) so that
+/// a restart carries GPU time, waits and switches over, losing at most the last second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedAccounting {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Per vGPU id.
+    pub vgpus: BTreeMap<String, SavedVgpuAccounting>,
+    /// Per GPU index.
+    pub gpus: BTreeMap<u32, SavedGpuAccounting>,
+}
+
+/// One vGPU's accounting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedVgpuAccounting {
+    /// GPU seconds received.
+    pub gpu_seconds: f64,
+    /// Seconds waited for windows.
+    pub wait_seconds: f64,
+    /// Windows received.
+    pub windows: u64,
+    /// Seconds its cgroup was frozen.
+    pub frozen_seconds: f64,
+}
+
+/// One GPU's accounting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedGpuAccounting {
+    /// Its UUID (accounting is carried over only to the same GPU).
+    pub uuid: String,
+    /// Seconds busy.
+    pub busy_seconds: f64,
+    /// Window switches.
+    pub switches: u64,
+}
+
+const ACCOUNTING: &str = "accounting.json";
+
 /// Milliseconds since the Unix epoch.
 pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -201,6 +242,30 @@ impl StateDir {
             })
     }
 
+    /// Writes the accounting: a temporary file renamed over the old one, not flushed to disk
+    /// (it is rewritten every second; a power cut may lose it, a killed service does not).
+    pub fn save_accounting(&self, accounting: &SavedAccounting) -> Result<(), StateError> {
+        let path = self.dir.join(ACCOUNTING);
+        let tmp = self.dir.join(format!(".{ACCOUNTING}.tmp"));
+        let bytes = serde_json::to_vec(accounting).expect("accounting always serializes");
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|source| StateError {
+                action: "write",
+                path,
+                source,
+            })
+    }
+
+    /// Reads the accounting; `None` when there is none or it cannot be read (it is only
+    /// accounting: the registrations do not depend on it).
+    pub fn load_accounting(&self) -> Option<SavedAccounting> {
+        let bytes = fs::read(self.dir.join(ACCOUNTING)).ok()?;
+        serde_json::from_slice::<SavedAccounting>(&bytes)
+            .ok()
+            .filter(|a| a.format == FORMAT)
+    }
+
     /// Reads every record. Leftover temporary files (a write cut short) are removed; a file
     /// that does not parse is renamed to `.bad` and reported.
     pub fn load(&self) -> Result<Loaded, StateError> {
@@ -218,7 +283,7 @@ impl StateDir {
                 let _ = fs::remove_file(&path);
                 continue;
             }
-            if !name.ends_with(".json") {
+            if !name.ends_with(".json") || name == ACCOUNTING {
                 continue;
             }
             let parsed = fs::read(&path)
@@ -317,6 +382,42 @@ mod tests {
         assert!(dir.path().join("vgpu-3.json.bad").exists());
         assert!(!dir.path().join(".vgpu-2.json.tmp").exists());
         assert!(dir.path().join("README").exists());
+    }
+
+    #[test]
+    fn accounting_round_trips_beside_the_records_without_being_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        assert_eq!(state.load_accounting(), None);
+        let mut accounting = SavedAccounting {
+            format: FORMAT,
+            ..SavedAccounting::default()
+        };
+        accounting.vgpus.insert(
+            "vgpu-1".into(),
+            SavedVgpuAccounting {
+                gpu_seconds: 1.5,
+                wait_seconds: 0.5,
+                windows: 3,
+                frozen_seconds: 0.4,
+            },
+        );
+        accounting.gpus.insert(
+            0,
+            SavedGpuAccounting {
+                uuid: "GPU-0".into(),
+                busy_seconds: 2.0,
+                switches: 6,
+            },
+        );
+        state.save_accounting(&accounting).unwrap();
+        state.save(&saved(1)).unwrap();
+        assert_eq!(state.load_accounting(), Some(accounting));
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.vgpus.len(), 1);
+        assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
+        fs::write(dir.path().join(ACCOUNTING), "{").unwrap();
+        assert_eq!(state.load_accounting(), None);
     }
 
     #[test]

@@ -203,6 +203,8 @@ fn kill_9_and_restart_recovers_registrations_and_thaws() {
         service.ask(&json!({"op": "reserve", "annotations": {"gpuplex.io/gpu-memory": "2Gi"}}));
     assert_eq!(reserved["ok"], true, "{reserved}");
     assert!(wait_until(Duration::from_secs(2), || a.is_frozen() || b.is_frozen()).is_some());
+    // Run long enough for a few accounting checkpoints.
+    std::thread::sleep(Duration::from_millis(2500));
     let before = service.status();
     service.kill9();
     // The service is gone and one of them is frozen: nobody thaws it but the next start.
@@ -215,6 +217,21 @@ fn kill_9_and_restart_recovers_registrations_and_thaws() {
         "the process frozen before the restart did not run again"
     );
     let after = service.status();
+    // Accounting carries over from the last checkpoint (once a second): at most about a second
+    // of GPU time is lost, none is invented.
+    let gpu_seconds = |s: &serde_json::Value| -> f64 {
+        s["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["gpu_seconds"].as_f64().unwrap())
+            .sum()
+    };
+    let (was, is) = (gpu_seconds(&before), gpu_seconds(&after));
+    assert!(
+        is > was - 1.2 && is <= was + 0.6,
+        "GPU seconds {was} before, {is} after"
+    );
     for key in ["id", "vgpu", "gpus", "memory", "weight", "priority"] {
         let pick = |s: &serde_json::Value| -> Vec<serde_json::Value> {
             s["containers"]

@@ -457,3 +457,34 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn accounting_carries_over_a_restart() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let v = n
+        .register([("gpuplex.io/gpu-memory", "8Gi")], container("c", 1), at(0))
+        .unwrap()
+        .id;
+    let stats = VgpuStats {
+        gpu_time: Duration::from_secs(7),
+        windows: 3,
+        wait_time: Duration::from_secs(2),
+        ..VgpuStats::default()
+    };
+    assert!(n.carry_over_vgpu_stats(v, stats));
+    assert!(!n.carry_over_vgpu_stats(VgpuId(99), VgpuStats::default()));
+    let gpu = GpuStats {
+        busy_time: Duration::from_secs(9),
+        switches: 4,
+    };
+    assert!(n.carry_over_gpu_stats(GpuIndex(0), gpu));
+    assert!(!n.carry_over_gpu_stats(GpuIndex(5), GpuStats::default()));
+    let status = n.status(at(1));
+    assert_eq!(status.containers[0].gpu_seconds, 7.0);
+    assert_eq!(status.containers[0].windows, 3);
+    assert_eq!(status.containers[0].wait_seconds, 2.0);
+    assert_eq!(
+        (status.gpus[0].busy_seconds, status.gpus[0].switches),
+        (9.0, 4)
+    );
+}

@@ -344,6 +344,29 @@ impl WindowScheduler {
         })
     }
 
+    /// Carries accounting over a restart: a bound vGPU's stats become `stats` (what it had
+    /// received before). False when it is not bound.
+    pub fn carry_over_vgpu_stats(&mut self, vgpu: VgpuId, stats: VgpuStats) -> bool {
+        match self.vgpus.get_mut(&vgpu) {
+            Some(state) => {
+                state.stats = stats;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Carries accounting over a restart: a GPU's stats become `stats`. False for an unknown GPU.
+    pub fn carry_over_gpu_stats(&mut self, gpu: GpuIndex, stats: GpuStats) -> bool {
+        match self.position(gpu) {
+            Some(p) => {
+                self.gpus[p].stats = stats;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The bound vGPUs, in no particular order.
     pub fn vgpus(&self) -> impl Iterator<Item = VgpuId> + '_ {
         self.vgpus.keys().copied()

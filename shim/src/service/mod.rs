@@ -28,7 +28,9 @@ use crate::activity::{ActivitySampler, ActivitySource, Watched};
 use crate::cgroup::{CgroupError, Hierarchies};
 use crate::config::NodeConfig;
 use crate::gpus::{self, GpuSource, NodeGpu};
-use crate::state::{StateDir, StateError};
+use crate::state::{
+    SavedAccounting, SavedGpuAccounting, SavedVgpuAccounting, StateDir, StateError,
+};
 
 use enforce::Enforced;
 
@@ -90,7 +92,11 @@ pub struct Service {
     enforced: BTreeMap<VgpuId, Enforced>,
     origin: std::time::Instant,
     node_name: String,
+    last_checkpoint: std::time::Instant,
 }
+
+/// How often the accounting is saved.
+pub const ACCOUNTING_CHECKPOINT: Duration = Duration::from_secs(1);
 
 impl Service {
     /// Finds the GPUs and the cgroup hierarchies, opens the state directory and recovers what
@@ -159,6 +165,7 @@ impl Service {
             enforced: BTreeMap::new(),
             origin: std::time::Instant::now(),
             node_name,
+            last_checkpoint: std::time::Instant::now(),
             config,
         };
         service.recover()?;
@@ -257,6 +264,46 @@ impl Service {
         for (vgpu, has_work) in samples {
             self.node.observe(vgpu, has_work, now);
         }
+        if self.last_checkpoint.elapsed() >= ACCOUNTING_CHECKPOINT {
+            self.checkpoint();
+        }
+    }
+
+    /// Saves the accounting, so that a restart carries it over.
+    fn checkpoint(&mut self) {
+        self.last_checkpoint = std::time::Instant::now();
+        let status = self.status();
+        let accounting = SavedAccounting {
+            format: crate::state::FORMAT,
+            vgpus: status
+                .containers
+                .iter()
+                .map(|c| {
+                    let saved = SavedVgpuAccounting {
+                        gpu_seconds: c.gpu_seconds,
+                        wait_seconds: c.wait_seconds,
+                        windows: c.windows,
+                        frozen_seconds: c.frozen_seconds,
+                    };
+                    (c.vgpu.clone(), saved)
+                })
+                .collect(),
+            gpus: status
+                .gpus
+                .iter()
+                .map(|g| {
+                    let saved = SavedGpuAccounting {
+                        uuid: g.uuid.clone(),
+                        busy_seconds: g.busy_seconds,
+                        switches: g.switches,
+                    };
+                    (g.index, saved)
+                })
+                .collect(),
+        };
+        if let Err(e) = self.state.save_accounting(&accounting) {
+            tracing::warn!("{e}; a restart would lose the accounting since the last save");
+        }
     }
 
     /// Decides and carries the decision out; returns when to decide again at the latest.
@@ -292,6 +339,7 @@ impl Service {
 
     fn shutdown(&mut self, why: &str) {
         let frozen = self.thaw_all();
+        self.checkpoint();
         tracing::info!(
             "stopping ({why}): thawed {frozen} frozen container(s); {} registration(s) stay in {} for the next start",
             self.node.records().count(),

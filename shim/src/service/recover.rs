@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use gpuplex_scheduler::accounting::{GpuStats, VgpuStats};
 use gpuplex_scheduler::inventory::Assignment;
 use gpuplex_scheduler::node::{Attachment, Target, VgpuRecord};
 use gpuplex_scheduler::request::{VgpuRequest, PREFIX};
@@ -49,6 +50,7 @@ impl Service {
                 }
             }
         }
+        self.carry_over_accounting();
         if kept + dropped > 0 {
             tracing::info!(
                 "recovered {kept} registration(s) from {}; dropped {dropped}",
@@ -56,6 +58,44 @@ impl Service {
             );
         }
         Ok(())
+    }
+
+    /// Gives the recovered vGPUs and the GPUs the accounting they had at the last checkpoint.
+    fn carry_over_accounting(&mut self) {
+        let Some(saved) = self.state.load_accounting() else {
+            return;
+        };
+        let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO);
+        for (id, a) in &saved.vgpus {
+            let Ok(vgpu) = id.parse::<VgpuId>() else {
+                continue;
+            };
+            let stats = VgpuStats {
+                gpu_time: secs(a.gpu_seconds),
+                windows: a.windows,
+                wait_time: secs(a.wait_seconds),
+                ..VgpuStats::default()
+            };
+            if self.node.carry_over_vgpu_stats(vgpu, stats) {
+                if let Some(e) = self.enforced.get_mut(&vgpu) {
+                    e.frozen_total = secs(a.frozen_seconds);
+                }
+            }
+        }
+        for (&index, g) in &saved.gpus {
+            let same = self
+                .node
+                .inventory()
+                .gpu(GpuIndex(index))
+                .is_some_and(|now| now.uuid == g.uuid);
+            if same {
+                let stats = GpuStats {
+                    busy_time: secs(g.busy_seconds),
+                    switches: g.switches,
+                };
+                self.node.carry_over_gpu_stats(GpuIndex(index), stats);
+            }
+        }
     }
 
     fn rebind(&mut self, saved: SavedVgpu) -> Result<(), String> {
