@@ -16,7 +16,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test fmt-check clippy bench properties install
+.PHONY: all build demo test fmt-check clippy bench bench-deps properties install
 
 all: build
 
@@ -38,7 +38,12 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-bench:
+# The node service's benchmark compares a window switch with `runc pause` + `runc resume`.
+bench-deps:
+	@command -v runc >/dev/null && [ -x /bin/busybox ] || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends runc busybox-static
+
+bench: bench-deps
 	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
 	$(CARGO) bench -p gpuplex-shim --bench node_service
 

@@ -75,6 +75,73 @@ fn switch_latency(version: FreezerVersion, switches: usize) {
     println!("  of which thaw:                 {}", quantiles(thaw));
 }
 
+/// The baseline: the same switch done the way a runtime does it, `runc pause` then `runc resume`,
+/// between two runc containers running busy loops. Skipped (saying so) without runc and busybox.
+fn runc_switch_baseline(switches: usize) {
+    let busybox = std::path::Path::new("/bin/busybox");
+    let runc_found = std::process::Command::new("runc")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !busybox.exists() || !runc_found {
+        println!("baseline, runc pause + resume: SKIPPED (needs runc and busybox-static: make bench installs them)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", rootfs.join("bin/sh")).unwrap();
+    let state = dir.path().join("runc-state");
+    // No pipes: a detached container keeps runc's stdio, and reading it would never end.
+    let runc = |args: &[&str]| {
+        let status = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&state)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "runc {args:?} failed: {status}");
+    };
+    let ids: Vec<String> = (0..2)
+        .map(|i| format!("gpuplex-bench-{}-{i}", std::process::id()))
+        .collect();
+    for id in &ids {
+        let bundle = dir.path().join(id);
+        std::fs::create_dir_all(&bundle).unwrap();
+        runc(&["spec", "--bundle", bundle.to_str().unwrap()]);
+        let path = bundle.join("config.json");
+        let mut spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        spec["root"] = json!({"path": rootfs, "readonly": false});
+        spec["process"]["terminal"] = json!(false);
+        spec["process"]["args"] = json!(["sh", "-c", "while :; do :; done"]);
+        std::fs::write(&path, spec.to_string()).unwrap();
+        runc(&["run", "-d", "--bundle", bundle.to_str().unwrap(), id]);
+    }
+    runc(&["pause", &ids[1]]);
+    let mut switch = Vec::new();
+    for i in 0..switches {
+        let (running, waiting) = (&ids[i % 2], &ids[(i + 1) % 2]);
+        std::thread::sleep(Duration::from_millis(2));
+        let start = Instant::now();
+        runc(&["pause", running]);
+        runc(&["resume", waiting]);
+        switch.push(start.elapsed());
+    }
+    for id in &ids {
+        let _ = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&state)
+            .args(["delete", "-f", id])
+            .output();
+    }
+    println!("baseline, runc pause + resume:  {}", quantiles(switch));
+}
+
 fn registration_round_trip(rounds: usize) {
     let service = NodeService::start(Setup::default());
     let mut g = TestCgroup::new(FreezerVersion::V1, "bench-rtt");
@@ -157,6 +224,7 @@ fn main() {
     let _serial = serial();
     switch_latency(FreezerVersion::V1, knob("GPUPLEX_BENCH_SWITCHES", 1000));
     switch_latency(FreezerVersion::V2, knob("GPUPLEX_BENCH_SWITCHES", 1000));
+    runc_switch_baseline(knob("GPUPLEX_BENCH_SWITCHES", 1000) / 5);
     registration_round_trip(knob("GPUPLEX_BENCH_RTTS", 1000));
     service_cpu(knob("GPUPLEX_BENCH_SECONDS", 30));
 }
