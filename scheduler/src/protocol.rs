@@ -145,6 +145,23 @@ pub struct AssignedGpu {
     pub model: String,
     /// The vGPU's memory entitlement on it, in bytes.
     pub memory: u64,
+    /// Its device node on the host (filled by the node service, which knows the devices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceNode>,
+    /// Whether it is a `[[fake_gpu]]` (filled by the node service).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fake: bool,
+}
+
+/// A character device node on the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceNode {
+    /// Its path on the host (`/dev/nvidia0`).
+    pub path: String,
+    /// Major number.
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
 }
 
 /// Reads one request line (without its newline).
@@ -345,6 +362,8 @@ impl Node {
                     uuid: gpu.uuid.clone(),
                     model: gpu.model.clone(),
                     memory: record.assignment.memory.bytes_on(gpu.memory),
+                    device: None,
+                    fake: false,
                 })
             })
             .collect();

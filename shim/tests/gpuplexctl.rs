@@ -174,6 +174,8 @@ fn vgpu_reply(id: &str, container: Option<&str>) -> VgpuReply {
             uuid: "GPU-fake-0".into(),
             model: "Fake A100".into(),
             memory: 8 * GIB,
+            device: None,
+            fake: false,
         }],
         weight: 2,
         priority: Priority::Normal,

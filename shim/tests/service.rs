@@ -446,6 +446,14 @@ fn registering_twice_returns_the_same_assignment_and_a_pid_finds_its_cgroup() {
     };
     let first = ask();
     assert_eq!(first["ok"], true, "{first}");
+    // The reply carries what the hook needs to inject the GPU: its device node on the host.
+    let gpu = &first["vgpu"]["gpus"][0];
+    let device = service.devices[gpu["index"].as_u64().unwrap() as usize]
+        .to_str()
+        .unwrap();
+    assert_eq!(gpu["device"]["path"], device, "{first}");
+    assert_eq!(gpu["device"]["major"], 195, "{first}");
+    assert_eq!(gpu["fake"], true, "{first}");
     assert_eq!(ask(), first);
     assert_eq!(service.status()["containers"].as_array().unwrap().len(), 1);
     let saved = std::fs::read_to_string(under(&service, "state/vgpu-1.json")).unwrap();

@@ -195,7 +195,9 @@ fn a_session_of_requests_against_a_node() {
             index: 0,
             uuid: "GPU-fake-0".into(),
             model: "Fake GPU".into(),
-            memory: 8 << 30
+            memory: 8 << 30,
+            device: None,
+            fake: false,
         }]
     );
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
-use gpuplex_scheduler::protocol::{Reply, Request};
+use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::VgpuId;
 
 use super::enforce::Enforced;
@@ -140,7 +140,7 @@ impl Service {
         );
         let reply = Reply {
             ok: true,
-            vgpu: Some(self.node.vgpu_reply(&released.record)),
+            vgpu: Some(self.vgpu_reply(&released.record)),
             ..Reply::default()
         };
         self.forget(vgpu);
@@ -197,9 +197,26 @@ impl Service {
     fn reply(&self, vgpu: VgpuId) -> Reply {
         Reply {
             ok: true,
-            vgpu: self.node.record(vgpu).map(|r| self.node.vgpu_reply(r)),
+            vgpu: self.node.record(vgpu).map(|r| self.vgpu_reply(r)),
             ..Reply::default()
         }
+    }
+
+    /// The node's reply for a vGPU, with each GPU's device node and whether it is fake: what
+    /// the hook needs to inject it.
+    fn vgpu_reply(&self, record: &VgpuRecord) -> VgpuReply {
+        let mut reply = self.node.vgpu_reply(record);
+        for assigned in &mut reply.gpus {
+            if let Some(g) = self.gpus.iter().find(|g| g.gpu.index.0 == assigned.index) {
+                assigned.device = Some(DeviceNode {
+                    path: g.device.path.display().to_string(),
+                    major: g.device.major,
+                    minor: g.device.minor,
+                });
+                assigned.fake = g.fake;
+            }
+        }
+        reply
     }
 
     fn gpus_of(&self, vgpu: VgpuId) -> String {
