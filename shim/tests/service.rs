@@ -120,7 +120,10 @@ fn a_process_that_goes_idle_stops_getting_windows() {
         service.status()["gpus"][0]["switches"].as_u64().unwrap() > 0,
         "both had work: they took turns"
     );
-    // After at most 3 s the second one sleeps; from then on the first runs alone.
+    // Its busy phase ends 2 s of wall time after it started, frozen or not; from then on the
+    // first runs alone. (Waiting for "idle" any earlier could catch a sample in which the
+    // busy phase was starved of CPU by other tests.)
+    std::thread::sleep(Duration::from_millis(1000));
     let alone = wait_until(Duration::from_secs(6), || {
         service.container("goes-idle").unwrap()["state"] == "idle"
     });
@@ -402,6 +405,7 @@ fn an_exited_container_is_released_within_a_sampling_interval() {
     if !can_run("an_exited_container_is_released_within_a_sampling_interval") {
         return;
     }
+    let _serial = serial();
     let service = NodeService::start(Setup {
         sample_interval: "50ms",
         ..Setup::default()
