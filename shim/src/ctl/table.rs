@@ -10,6 +10,16 @@
 
 use gpuplex_scheduler::node::{ContainerState, ContainerStatus, NodeStatus};
 
+/// A container id as people read it: the first 12 characters of a long hexadecimal id (as
+/// `podman ps` and `docker ps` show them), any other id whole. `-o json` keeps the full ids.
+pub fn short_id(id: &str) -> &str {
+    if id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        &id[..12]
+    } else {
+        id
+    }
+}
+
 /// The status as aligned text, one line per GPU, container and reservation, newline-terminated.
 pub fn render_status(status: &NodeStatus) -> String {
     let mut out = String::new();
@@ -47,7 +57,7 @@ pub fn render_status(status: &NodeStatus) -> String {
                     bytes(g.memory.saturating_sub(g.unreserved)),
                     bytes(g.memory)
                 ),
-                format!("holder: {}", g.holder.as_deref().unwrap_or("-")),
+                format!("holder: {}", g.holder.as_deref().map_or("-", short_id)),
                 format!("busy {}", seconds(g.busy_seconds)),
                 format!("switches {}", g.switches),
             ]
@@ -64,7 +74,7 @@ pub fn render_status(status: &NodeStatus) -> String {
                 .map(|id| {
                     let holder = g.holder.as_deref() == Some(id.as_str());
                     let found = status.containers.iter().find(|c| &c.id == id);
-                    container_row(id, holder, found)
+                    container_row(short_id(id), holder, found)
                 })
                 .collect()
         })
@@ -187,6 +197,14 @@ pub fn bytes(value: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn long_hex_ids_are_cut_like_podman_ps() {
+        let id = "cdff5c7b6375924cfaaef98643cbcc159f71ee1ac71b9fb7470a289d0c3a1dd9";
+        assert_eq!(super::short_id(id), "cdff5c7b6375");
+        assert_eq!(super::short_id("job-a"), "job-a");
+        assert_eq!(super::short_id("deadbeef"), "deadbeef");
+    }
+
     use super::*;
     use gpuplex_scheduler::node::{GpuStatus, ReservationStatus};
     use gpuplex_scheduler::request::Priority;
