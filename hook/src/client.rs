@@ -254,6 +254,30 @@ pub fn release_request(key: &str) -> Value {
     }
 }
 
+/// The default configuration file, where `service.socket` is looked up.
+pub const DEFAULT_CONFIG: &str = "/etc/gpuplex/gpuplex.toml";
+
+/// `service.socket` from the gpuplex configuration at `path`, if it sets one (the rest of the
+/// file is the node service's to check). An absent file is an error only when it was `named`.
+/// The error is one line naming the file.
+pub fn socket_from_config(path: &Path, named: bool) -> Result<Option<PathBuf>, String> {
+    let bad = |what: String| format!("config file {}: {what}", path.display());
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => return Ok(None),
+        Err(e) => return Err(bad(format!("cannot read it: {e}"))),
+    };
+    let value: toml::Value = toml::from_str(&text)
+        .map_err(|e| bad(format!("not TOML: {}", e.message().replace('\n', " "))))?;
+    match value.get("service").and_then(|s| s.get("socket")) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
+        Some(other) => Err(bad(format!(
+            "service.socket is {other}, expected a non-empty path string"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,10 @@
 //! - [`client`] and [`ctl`]: `gpuplexctl`.
 #![deny(missing_docs)]
 
+pub use gpuplex_hook::client;
+
 pub mod activity;
 pub mod cgroup;
-pub mod client;
 pub mod config;
 pub mod ctl;
 pub mod gpus;

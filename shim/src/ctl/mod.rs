@@ -146,26 +146,11 @@ pub fn resolve_socket(
 /// `service.socket` from the config file at `path`, if it sets one. An absent file is an error
 /// only when it was `named`.
 pub fn socket_from_config(path: &Path, named: bool) -> Result<Option<PathBuf>, CtlError> {
-    let bad = |what: String| {
+    crate::client::socket_from_config(path, named).map_err(|e| {
         CtlError::Usage(format!(
-            "config file {}: {what}; fix it, or name the socket with --socket PATH",
-            path.display()
+            "{e}; fix it, or name the socket with --socket PATH"
         ))
-    };
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => return Ok(None),
-        Err(e) => return Err(bad(format!("cannot read it: {e}"))),
-    };
-    let value: toml::Value = toml::from_str(&text)
-        .map_err(|e| bad(format!("not TOML: {}", e.message().replace('\n', " "))))?;
-    match value.get("service").and_then(|s| s.get("socket")) {
-        None => Ok(None),
-        Some(toml::Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
-        Some(other) => Err(bad(format!(
-            "service.socket is {other}, expected a non-empty path string"
-        ))),
-    }
+    })
 }
 
 /// Writes `text` to `out` and flushes it. `Ok(false)` when `out` is a closed pipe: the reader

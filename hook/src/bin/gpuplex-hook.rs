@@ -1,0 +1,156 @@
+//! `gpuplex-hook [--config PATH] STAGE`: gpuplex's OCI hook (see `gpuplex_hook::stages`).
+//!
+//! Exit codes: 0 done (or nothing to do), 1 the stage failed (one line on stderr; nothing is left
+//! behind), 2 usage.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use caps::{CapSet, Capability, CapsHashSet};
+use gpuplex_hook::stages::{self, HookContext};
+
+const USAGE: &str = "\
+usage: gpuplex-hook [--config PATH] precreate|createRuntime|prestart|poststop
+       gpuplex-hook fail MESSAGE   (put in a spec by a failed precreate: prints MESSAGE, exits 1)
+
+gpuplex's OCI hook. The runtime runs it and passes the container on stdin: podman's precreate
+stage passes the proposed config.json (the edited config is printed on stdout); the OCI stages
+pass the container's state. Containers without a gpuplex.io/ annotation are left alone.
+
+  --config PATH   gpuplex.toml, for the node socket (default: $GPUPLEX_CONFIG, else
+                  /etc/gpuplex/gpuplex.toml, else /run/gpuplex/gpuplex.sock)
+
+Exit codes: 0 done, 1 the stage failed (one line on stderr says why), 2 usage.";
+
+/// The capabilities each stage keeps; every other one is dropped as the hook starts.
+/// precreate and poststop only talk to the root-owned node socket and write root-owned files:
+/// none. createRuntime/prestart may inject a container from outside: entering its mount
+/// namespace (SYS_ADMIN, SYS_CHROOT), reading /proc/PID/ns of a non-dumpable process
+/// (SYS_PTRACE), creating device nodes (MKNOD), writing its device cgroup (DAC_OVERRIDE).
+fn kept(stage: &str) -> CapsHashSet {
+    match stage {
+        "createRuntime" | "prestart" => [
+            Capability::CAP_SYS_ADMIN,
+            Capability::CAP_SYS_CHROOT,
+            Capability::CAP_SYS_PTRACE,
+            Capability::CAP_MKNOD,
+            Capability::CAP_DAC_OVERRIDE,
+        ]
+        .into_iter()
+        .collect(),
+        _ => CapsHashSet::new(),
+    }
+}
+
+fn drop_capabilities(stage: &str) -> Result<(), String> {
+    let keep = kept(stage);
+    let have = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
+    let keep: CapsHashSet = keep.intersection(&have).copied().collect();
+    caps::clear(None, CapSet::Ambient).map_err(|e| e.to_string())?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| e.to_string())?;
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| e.to_string())?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let mut config: Option<PathBuf> = None;
+    let mut stage: Option<String> = None;
+    let mut fail_message: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            "--version" => {
+                println!("gpuplex-hook {}", env!("CARGO_PKG_VERSION"));
+                return ExitCode::SUCCESS;
+            }
+            "--config" => match args.next() {
+                Some(p) => config = Some(PathBuf::from(p)),
+                None => return usage("--config needs a path"),
+            },
+            s if stage.as_deref() == Some("fail") && fail_message.is_none() => {
+                fail_message = Some(s.to_string())
+            }
+            s if stage.is_none() && !s.starts_with('-') => stage = Some(s.to_string()),
+            other => return usage(&format!("unexpected argument {other:?}")),
+        }
+    }
+    let Some(stage) = stage else {
+        return usage("no stage given");
+    };
+    if stage == "fail" {
+        // A container whose precreate failed: its runtime runs this at createRuntime, and shows
+        // the line podman would have dropped.
+        let _ = drop_capabilities("fail");
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        eprintln!(
+            "{}",
+            fail_message.unwrap_or_else(|| "gpuplex-hook: the vGPU could not be set up".into())
+        );
+        return ExitCode::from(1);
+    }
+    let stage: &'static str = match stage.as_str() {
+        "precreate" => "precreate",
+        "createRuntime" | "createruntime" => "createRuntime",
+        "prestart" => "prestart",
+        "poststop" => "poststop",
+        other => {
+            return usage(&format!(
+                "unknown stage {other:?}: expected precreate, createRuntime, prestart or poststop"
+            ))
+        }
+    };
+    if let Err(e) = drop_capabilities(stage) {
+        eprintln!("gpuplex-hook {stage}: cannot drop capabilities: {e}");
+        return ExitCode::from(1);
+    }
+    let config = config.or_else(|| {
+        std::env::var_os("GPUPLEX_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        eprintln!("gpuplex-hook {stage}: cannot read stdin: {e}");
+        return ExitCode::from(1);
+    }
+    if !stages::concerns_gpuplex(stage, &input) {
+        // Not a gpuplex container: precreate hands the config back as it came.
+        if stage == "precreate" {
+            let mut out = std::io::stdout();
+            if out.write_all(&input).and_then(|()| out.flush()).is_err() {
+                return ExitCode::from(1);
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let result = HookContext::from_config(stage, config.as_deref()).and_then(|ctx| match stage {
+        "precreate" => stages::precreate_for_podman(&ctx, &input).and_then(|out| {
+            std::io::stdout()
+                .write_all(&out)
+                .and_then(|()| std::io::stdout().flush())
+                .map_err(|e| stages::HookError {
+                    stage,
+                    message: format!("cannot write the config to stdout: {e}"),
+                })
+        }),
+        "createRuntime" | "prestart" => stages::create_runtime(&ctx, stage, &input),
+        _ => stages::poststop(&ctx, &input),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn usage(why: &str) -> ExitCode {
+    eprintln!("gpuplex-hook: {why}; try gpuplex-hook --help");
+    ExitCode::from(2)
+}

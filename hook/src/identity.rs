@@ -1,0 +1,155 @@
+//! The vGPU identity: what a container learns of its vGPU, at `/run/gpuplex/vgpu.json`.
+//!
+//! The hook writes one file per vGPU on the host, in `<socket dir>/identity/`, and the spec (or,
+//! for plain runc/crun, the hook inside the container's mount namespace) binds it read-only into
+//! the container. A bind mount holds the file's inode, so the file is rewritten in place (when
+//! the container id becomes known at `createRuntime`), never replaced by a rename.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gpuplex_scheduler::protocol::VgpuReply;
+use gpuplex_scheduler::request::Priority;
+use serde::{Deserialize, Serialize};
+
+/// A container's vGPU, as the container sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The vGPU's id (`vgpu-3`).
+    pub vgpu: String,
+    /// The container's id, once known.
+    pub container: Option<String>,
+    /// The node's name.
+    pub node: String,
+    /// Its GPUs.
+    pub gpus: Vec<IdentityGpu>,
+    /// Share weight.
+    pub weight: u32,
+    /// Priority class.
+    pub priority: Priority,
+}
+
+/// One GPU of an [`Identity`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IdentityGpu {
+    /// UUID (the container's `CUDA_VISIBLE_DEVICES` lists these).
+    pub uuid: String,
+    /// The GPU's index on the host.
+    pub index: u32,
+    /// Model name.
+    pub model: String,
+    /// The vGPU's memory entitlement on it, in bytes.
+    pub memory: u64,
+}
+
+impl Identity {
+    /// The identity of a vGPU the node service assigned.
+    pub fn of(reply: &VgpuReply, node: &str) -> Identity {
+        Identity {
+            vgpu: reply.id.clone(),
+            container: reply.container.clone(),
+            node: node.to_string(),
+            gpus: reply
+                .gpus
+                .iter()
+                .map(|g| IdentityGpu {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    model: g.model.clone(),
+                    memory: g.memory,
+                })
+                .collect(),
+            weight: reply.weight,
+            priority: reply.priority,
+        }
+    }
+}
+
+/// The directory of the identity files: `identity/` beside the node socket.
+pub fn identity_dir(socket: &Path) -> PathBuf {
+    socket
+        .parent()
+        .unwrap_or_else(|| Path::new("/run/gpuplex"))
+        .join("identity")
+}
+
+/// The identity file of a vGPU.
+pub fn identity_file(dir: &Path, vgpu: &str) -> PathBuf {
+    dir.join(format!("{vgpu}.json"))
+}
+
+/// Writes (or rewrites in place) a vGPU's identity file, mode 0644; returns its path.
+pub fn write(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let path = identity_file(dir, &identity.vgpu);
+    let mut bytes = serde_json::to_vec_pretty(identity).expect("an identity always serializes");
+    bytes.push(b'\n');
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&path)?;
+    file.write_all(&bytes)?;
+    file.sync_all()?;
+    Ok(path)
+}
+
+/// Reads an identity file.
+pub fn read(path: &Path) -> std::io::Result<Identity> {
+    let bytes = std::fs::read(path)?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+/// Removes a vGPU's identity file; an absent one is not an error.
+pub fn remove(dir: &Path, vgpu: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(identity_file(dir, vgpu)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplex_scheduler::protocol::AssignedGpu;
+
+    fn reply() -> VgpuReply {
+        VgpuReply {
+            id: "vgpu-3".into(),
+            container: None,
+            gpus: vec![AssignedGpu {
+                index: 1,
+                uuid: "GPU-fake-1".into(),
+                model: "Fake A100".into(),
+                memory: 8 << 30,
+                device: None,
+                fake: true,
+            }],
+            weight: 2,
+            priority: Priority::High,
+        }
+    }
+
+    #[test]
+    fn an_identity_is_rewritten_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity_dir = identity_dir(&dir.path().join("gpuplex.sock"));
+        let mut identity = Identity::of(&reply(), "node-a");
+        let path = write(&identity_dir, &identity).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        identity.container = Some("c0ffee".into());
+        assert_eq!(write(&identity_dir, &identity).unwrap(), path);
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "same inode");
+        assert_eq!(read(&path).unwrap(), identity);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(json["gpus"][0]["uuid"], "GPU-fake-1");
+        assert_eq!(json["priority"], "high");
+        remove(&identity_dir, "vgpu-3").unwrap();
+        remove(&identity_dir, "vgpu-3").unwrap();
+        assert!(!path.exists());
+    }
+}

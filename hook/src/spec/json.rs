@@ -1,0 +1,96 @@
+//! Typed steps into a `serde_json::Value` that name the field at fault.
+
+use serde_json::{Map, Value};
+
+use super::SpecError;
+
+/// How a JSON value reads in a message: `a string`, `an array`, ...
+pub(super) fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong(field: &str, expected: &'static str, found: &Value) -> SpecError {
+    SpecError::WrongType {
+        field: field.to_owned(),
+        expected,
+        found: kind(found),
+    }
+}
+
+/// The object `parent[key]`, created empty when absent or `null`; `field` names it in errors.
+pub(super) fn object<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Result<&'a mut Map<String, Value>, SpecError> {
+    let slot = parent.entry(key).or_insert(Value::Null);
+    if slot.is_null() {
+        *slot = Value::Object(Map::new());
+    }
+    match slot {
+        Value::Object(map) => Ok(map),
+        other => Err(wrong(field, "an object", other)),
+    }
+}
+
+/// The array `parent[key]`, created empty when absent or `null`; `field` names it in errors.
+pub(super) fn array<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Result<&'a mut Vec<Value>, SpecError> {
+    let slot = parent.entry(key).or_insert(Value::Null);
+    if slot.is_null() {
+        *slot = Value::Array(Vec::new());
+    }
+    match slot {
+        Value::Array(items) => Ok(items),
+        other => Err(wrong(field, "an array", other)),
+    }
+}
+
+/// Checks that every item of `items` (the array `field`) is an object.
+pub(super) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError> {
+    match items.iter().position(|item| !item.is_object()) {
+        Some(i) => Err(wrong(&format!("{field}[{i}]"), "an object", &items[i])),
+        None => Ok(()),
+    }
+}
+
+/// Checks that every item of `items` (the array `field`) is a string.
+pub(super) fn all_strings(items: &[Value], field: &str) -> Result<(), SpecError> {
+    match items.iter().position(|item| !item.is_string()) {
+        Some(i) => Err(wrong(&format!("{field}[{i}]"), "a string", &items[i])),
+        None => Ok(()),
+    }
+}
+
+/// Puts `entry` where the first item that `same` picks is, drops the other items it picks, and
+/// appends `entry` when it picks none. The other items keep their order.
+pub(super) fn replace_or_push(items: &mut Vec<Value>, entry: Value, same: impl Fn(&Value) -> bool) {
+    let mut entry = Some(entry);
+    let mut kept = Vec::with_capacity(items.len() + 1);
+    for item in items.drain(..) {
+        if !same(&item) {
+            kept.push(item);
+        } else if let Some(entry) = entry.take() {
+            kept.push(entry);
+        }
+    }
+    kept.extend(entry);
+    *items = kept;
+}
+
+/// Appends `entry` unless an equal item is there.
+pub(super) fn push_new(items: &mut Vec<Value>, entry: Value) {
+    if !items.contains(&entry) {
+        items.push(entry);
+    }
+}
