@@ -1,0 +1,337 @@
+//! Fixtures for gpuplex's end-to-end tests with real container runtimes (root): the built
+//! binaries, a busybox rootfs made from Debian's busybox-static, the node service with fake
+//! GPUs, and podman and runc set up as they work on these machines
+//! (../shared/notes/container-stack.md: vfs storage, cgroupfs, lowered ulimits).
+//!
+//! The binaries are found beside the test executable's directory (`target/<profile>/`), where
+//! `cargo test --workspace` builds them; a missing one fails the test with what to run.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Whether the test can run (root), saying loudly why not.
+pub fn can_run(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: {test} needs root (podman, runc, cgroups, mknod); CI runs it as root");
+        return false;
+    }
+    for tool in ["podman", "runc"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            panic!(
+                "{test}: {tool} is not installed; `make test` installs it (apt-get install {tool})"
+            );
+        }
+    }
+    true
+}
+
+/// A gpuplex binary built by cargo.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --workspace` (or `make test`) first",
+        path.display()
+    );
+    // `cargo test -p gpuplex-integration` does not rebuild the other packages' binaries: refuse
+    // to test a binary older than the sources it is built from.
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for krate in ["scheduler", "shim", "hook"] {
+        if let Some(newer) = newer_than(&root.join(krate).join("src"), built) {
+            panic!(
+                "{} is older than {}; run `cargo build --workspace` (or `make test`) first",
+                path.display(),
+                newer.display()
+            );
+        }
+    }
+    path
+}
+
+fn newer_than(dir: &Path, time: std::time::SystemTime) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let meta = entry.metadata().ok()?;
+        if meta.is_dir() {
+            if let Some(found) = newer_than(&path, time) {
+                return Some(found);
+            }
+        } else if meta.modified().ok()? > time {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// Makes a busybox rootfs under `dir` from /bin/busybox (Debian's busybox-static).
+pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let busybox = Path::new("/bin/busybox");
+    assert!(
+        busybox.exists(),
+        "/bin/busybox is missing: apt-get install busybox-static"
+    );
+    let root = dir.join("rootfs");
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "run", "data"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "ls", "cat", "sleep", "echo", "stat", "id", "env", "test", "true", "false", "wc",
+        "grep", "head", "date", "printf", "touch", "mkdir", "expr", "seq", "tr",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    root
+}
+
+/// A node service with fake GPUs, in a directory of its own.
+pub struct NodeService {
+    /// Its directory: config, socket, state, fake device nodes, log.
+    pub dir: PathBuf,
+    /// gpuplex.toml.
+    pub config: PathBuf,
+    /// The node socket.
+    pub socket: PathBuf,
+    /// The fake GPUs' device nodes, by index.
+    pub devices: Vec<PathBuf>,
+    child: Option<Child>,
+}
+
+impl NodeService {
+    /// Starts one with `gpus` fake GPUs of 16 GiB, the `cpu` activity source and 50 ms slices,
+    /// under `dir`; `minor` is the first device minor (distinct per test).
+    pub fn start(dir: &Path, gpus: usize, minor: u32, extra: &str) -> NodeService {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut fake = String::new();
+        let mut devices = Vec::new();
+        for i in 0..gpus {
+            let path = dir.join(format!("gpuplexfake{}", minor + i as u32));
+            let _ = std::fs::remove_file(&path);
+            nix::sys::stat::mknod(
+                &path,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(195, (minor + i as u32) as u64),
+            )
+            .expect("mknod");
+            fake.push_str(&format!(
+                "[[fake_gpu]]\nuuid = \"GPU-fake-{i}\"\nmodel = \"Fake A100\"\nmemory = \"16Gi\"\ndevice = \"{}\"\n",
+                path.display()
+            ));
+            devices.push(path);
+        }
+        let socket = dir.join("gpuplex.sock");
+        let config = dir.join("gpuplex.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[scheduler]\nslice = \"50ms\"\nreservation_ttl = \"3s\"\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"cpu\"\nsample_interval = \"25ms\"\n{extra}\n{fake}",
+                socket.display(),
+                dir.join("state").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("service.log")).unwrap();
+        let child = Command::new(bin("containerd-shim-gpuplex-v1"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let service = NodeService {
+            dir: dir.to_path_buf(),
+            config,
+            socket,
+            devices,
+            child: Some(child),
+        };
+        let started = Instant::now();
+        while UnixStream::connect(&service.socket).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the node service did not start: {}",
+                service.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        service
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("service.log")).unwrap_or_default()
+    }
+
+    /// Its status.
+    pub fn status(&self) -> Value {
+        let mut stream = UnixStream::connect(&self.socket).unwrap();
+        stream.write_all(b"{\"op\":\"status\"}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        reply["status"].clone()
+    }
+
+    /// The containers and reservations it holds, as `(containers, reservations)` counts.
+    pub fn held(&self) -> (usize, usize) {
+        let s = self.status();
+        let n = |k: &str| s[k].as_array().map_or(0, Vec::len);
+        (n("containers"), n("reservations"))
+    }
+
+    /// Stops it (SIGTERM).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NodeService {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- node service log ---\n{}", self.log());
+        }
+    }
+}
+
+/// podman with its storage in a directory of its own and gpuplex's hooks.d files pointing at
+/// the built hook.
+pub struct Podman {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The busybox rootfs.
+    pub rootfs: PathBuf,
+}
+
+impl Podman {
+    /// Sets podman up under `dir`, with the hooks of `config/hooks.d` calling the built
+    /// `gpuplex-hook --config <config>` (`None`: no gpuplex hooks).
+    pub fn new(dir: &Path, gpuplex_config: Option<&Path>) -> Podman {
+        std::fs::create_dir_all(dir).unwrap();
+        let hooks = dir.join("hooks.d");
+        std::fs::create_dir_all(&hooks).unwrap();
+        if let Some(config) = gpuplex_config {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/hooks.d");
+            for entry in std::fs::read_dir(source).unwrap() {
+                let path = entry.unwrap().path();
+                let mut hook: Value =
+                    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                let stage = hook["stages"][0].as_str().unwrap().to_string();
+                hook["hook"]["path"] = json!(bin("gpuplex-hook"));
+                hook["hook"]["args"] = json!(["gpuplex-hook", "--config", config, stage]);
+                std::fs::write(hooks.join(path.file_name().unwrap()), hook.to_string()).unwrap();
+            }
+        }
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nhooks_dir = [\"{}\"]\n",
+                hooks.display()
+            ),
+        )
+        .unwrap();
+        let rootfs = busybox_rootfs(dir);
+        Podman {
+            dir: dir.to_path_buf(),
+            rootfs,
+        }
+    }
+
+    /// `podman <args>` with this setup.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .args(["--storage-driver", "vfs"]);
+        c
+    }
+
+    /// `podman run --rm` of the busybox rootfs with `extra` options and `sh -c script`.
+    pub fn run(&self, extra: &[&str], script: &str) -> Output {
+        self.command()
+            .args(["run", "--rm", "--runtime", "runc", "--network", "none"])
+            .args(extra)
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .args(["sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// The same, detached: returns the container's id.
+    pub fn run_detached(&self, extra: &[&str], script: &str) -> String {
+        let out = self
+            .command()
+            .args(["run", "-d", "--runtime", "runc", "--network", "none"])
+            .args(extra)
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .args(["sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman run -d: {}", text(&out));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// Removes every container it has, forcibly.
+    pub fn remove_all(&self) {
+        let _ = self.command().args(["rm", "-a", "-f", "-t", "0"]).output();
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        self.remove_all();
+    }
+}
+
+/// An output's stdout and stderr, for messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits until `check` holds, up to `within`.
+pub fn wait_until(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}

@@ -1,0 +1,197 @@
+//! gpuplex for a plain runc user who lists `gpuplex-hook` in config.json (config/runc-hooks.json):
+//! the hook registers the container at createRuntime and injects the vGPU from outside (device
+//! nodes in its mount namespace, its device cgroup, the identity), and poststop releases it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gpuplex_integration::*;
+use serde_json::{json, Value};
+
+struct Runc {
+    dir: PathBuf,
+    rootfs: PathBuf,
+}
+
+impl Runc {
+    fn new(dir: &Path) -> Runc {
+        std::fs::create_dir_all(dir).unwrap();
+        Runc {
+            dir: dir.to_path_buf(),
+            rootfs: busybox_rootfs(dir),
+        }
+    }
+
+    /// `runc run` of a bundle whose config has `annotations`, the gpuplex hooks from
+    /// config/runc-hooks.json (pointed at the built hook and `config`), and `sh -c script`.
+    fn run(&self, id: &str, config: &Path, annotations: Value, script: &str) -> Output {
+        let bundle = self.dir.join(id);
+        std::fs::create_dir_all(&bundle).unwrap();
+        let status = Command::new("runc")
+            .args(["spec", "--bundle"])
+            .arg(&bundle)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let path = bundle.join("config.json");
+        let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let snippet: Value = serde_json::from_slice(
+            &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/runc-hooks.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        let hook = |stage: &str| {
+            let mut h = snippet["hooks"][stage][0].clone();
+            h["path"] = json!(bin("gpuplex-hook"));
+            h["args"] = json!(["gpuplex-hook", "--config", config, stage]);
+            json!([h])
+        };
+        spec["root"] = json!({"path": self.rootfs, "readonly": false});
+        spec["process"]["terminal"] = json!(false);
+        spec["process"]["args"] = json!(["sh", "-c", script]);
+        spec["annotations"] = annotations;
+        spec["hooks"] =
+            json!({"createRuntime": hook("createRuntime"), "poststop": hook("poststop")});
+        std::fs::write(&path, spec.to_string()).unwrap();
+        Command::new("runc")
+            .arg("--root")
+            .arg(self.dir.join("state"))
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+}
+
+#[test]
+fn a_runc_container_with_the_hook_in_its_config_gets_its_vgpu() {
+    if !can_run("a_runc_container_with_the_hook_in_its_config_gets_its_vgpu") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let service = NodeService::start(&dir.path().join("node"), 2, 233, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    let node = |i: usize| {
+        format!(
+            "/dev/{}",
+            service.devices[i].file_name().unwrap().to_str().unwrap()
+        )
+    };
+    let out = runc.run(
+        "gpuplex-runc-1",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "4Gi", "gpuplex.io/weight": "2"}),
+        &format!(
+            "ls -l {a} {b} 2>&1; cat {a} 2>&1; cat /run/gpuplex/vgpu.json; echo x > /run/gpuplex/vgpu.json 2>&1 || echo identity-read-only",
+            a = node(0),
+            b = node(1)
+        ),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout.contains("195,"), "{stdout}");
+    assert!(stdout.contains("No such device or address"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{}: No such file or directory", node(1))),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"container\": \"gpuplex-runc-1\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\"uuid\": \"GPU-fake-0\""), "{stdout}");
+    assert!(stdout.contains("\"weight\": 2"), "{stdout}");
+    assert!(stdout.contains("identity-read-only"), "{stdout}");
+    assert!(
+        wait_until(Duration::from_secs(2), || service.held() == (0, 0)),
+        "{}",
+        service.status()
+    );
+    let identities = service.dir.join("identity");
+    assert!(!identities.exists() || std::fs::read_dir(&identities).unwrap().count() == 0);
+}
+
+#[test]
+fn a_runc_container_without_annotations_is_left_alone() {
+    if !can_run("a_runc_container_without_annotations_is_left_alone") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let service = NodeService::start(&dir.path().join("node"), 1, 236, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    let out = runc.run(
+        "gpuplex-runc-2",
+        &service.config,
+        json!({}),
+        "ls /dev; ls /run/gpuplex 2>&1; true",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("gpuplexfake"), "{stdout}");
+    assert!(
+        stdout.contains("/run/gpuplex: No such file or directory"),
+        "{stdout}"
+    );
+    assert_eq!(service.held(), (0, 0));
+}
+
+#[test]
+fn a_runc_container_that_cannot_get_a_vgpu_fails_in_one_line_leaving_nothing() {
+    if !can_run("a_runc_container_that_cannot_get_a_vgpu_fails_in_one_line_leaving_nothing") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut service = NodeService::start(&dir.path().join("node"), 1, 238, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    // No GPU fits.
+    let out = runc.run(
+        "gpuplex-runc-3",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "64Gi"}),
+        "true",
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "gpuplex-hook createRuntime: the gpuplex node service refused: no GPU can hold"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(service.held(), (0, 0));
+    // An invalid annotation.
+    let out = runc.run(
+        "gpuplex-runc-4",
+        &service.config,
+        json!({"gpuplex.io/priority": "urgent"}),
+        "true",
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("gpuplex.io/priority"),
+        "{}",
+        text(&out)
+    );
+    // No node service.
+    service.stop();
+    let out = runc.run(
+        "gpuplex-runc-5",
+        &service.config,
+        json!({"gpuplex.io/gpus": "1"}),
+        "true",
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the gpuplex node service"),
+        "{}",
+        text(&out)
+    );
+    let identities = service.dir.join("identity");
+    assert!(!identities.exists() || std::fs::read_dir(&identities).unwrap().count() == 0);
+    // Nothing was left in the rootfs on the host either (the nodes would have been on the
+    // container's own /dev).
+    assert!(!runc.rootfs.join("run/gpuplex/vgpu.json").exists());
+}
