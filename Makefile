@@ -1,8 +1,8 @@
 # gpuplex: build, test, demo, bench, install.
 #
-#   make demo   the simulator replays three busy containers (weights 1, 2, 3) sharing one GPU
-#               and draws their execution windows (the container demo replaces it once the
-#               node service and the podman hook land)
+#   make demo   (root) three podman containers (weights 1, 2, 3) time-share one fake GPU under
+#               the node service; their windows live (gpuplexctl top), then their shares
+#               (without root: the simulator's version of the same)
 #   make test   what CI runs: format check, clippy with warnings as errors, every test
 #   make bench  criterion benchmarks of the scheduler core, and the node service's switch latency,
 #               registration round trip and CPU use with real cgroups (root) (docs/benchmarks.md)
@@ -16,20 +16,39 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test fmt-check clippy bench bench-deps properties install
+.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties install
 
 all: build
 
 build:
 	$(CARGO) build --release --workspace --locked
 
-demo: build
-	@echo "gpuplex demo: the scheduler core, simulated (no container, no GPU is touched)."
-	@echo "Scenario: $(DEMO_SCENARIO)"
-	@echo
-	./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO)
+demo: test-deps build
+	@if [ "$$(id -u)" = 0 ]; then \
+		bash tests/demo.sh; \
+	else \
+		echo "make demo runs podman containers and needs root (sudo make demo)."; \
+		echo "Meanwhile, the scheduler core simulated (no container, no GPU is touched):"; \
+		echo; \
+		./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO); \
+	fi
 
-test: fmt-check clippy
+# What the end-to-end tests run (tests/: podman, runc; ../shared/notes/container-stack.md), from
+# Debian, installed when missing (as root; without root the tests that need them skip).
+TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static
+test-deps:
+	@missing=""; for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing:$$missing"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null || \
+			{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null; }; \
+		else \
+			echo "not root: not installing$$missing (the tests that need them will skip)"; \
+		fi; \
+	fi
+
+test: test-deps fmt-check clippy
 	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
 
 fmt-check:
