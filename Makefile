@@ -57,24 +57,35 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-# The node service's benchmark compares a window switch with `runc pause` + `runc resume`.
-bench-deps:
-	@command -v runc >/dev/null && [ -x /bin/busybox ] || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends runc busybox-static
+# The node service's benchmark compares a window switch with `runc pause` + `runc resume`; the
+# hook's, container starts with and without it (hyperfine).
+bench-deps: test-deps
+	@command -v hyperfine >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends hyperfine
 
 bench: bench-deps
 	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
 	$(CARGO) bench -p gpuplex-shim --bench node_service
+	$(CARGO) build --release --workspace --locked
+	bash tests/bench_hook.sh
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
 
-# Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the simulator, the
+# Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the hook and its
+# podman hooks.d files and runc snippet (under $(PREFIX)/share/gpuplex), the simulator, the
 # systemd unit and the documented configuration (never over an existing one).
 install: build
 	install -D -m 0755 target/release/containerd-shim-gpuplex-v1 $(DESTDIR)$(PREFIX)/bin/containerd-shim-gpuplex-v1
 	install -D -m 0755 target/release/gpuplexctl $(DESTDIR)$(PREFIX)/bin/gpuplexctl
 	install -D -m 0755 target/release/gpuplex-sim $(DESTDIR)$(PREFIX)/bin/gpuplex-sim
+	install -D -m 0755 target/release/gpuplex-hook $(DESTDIR)$(PREFIX)/bin/gpuplex-hook
+	mkdir -p $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d
+	for f in config/hooks.d/*.json; do \
+		sed 's|/usr/local/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' $$f \
+			> $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d/$$(basename $$f); \
+	done
+	install -D -m 0644 config/runc-hooks.json $(DESTDIR)$(PREFIX)/share/gpuplex/runc-hooks.json
 	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \

@@ -26,6 +26,18 @@ impl Runc {
     /// `runc run` of a bundle whose config has `annotations`, the gpuplex hooks from
     /// config/runc-hooks.json (pointed at the built hook and `config`), and `sh -c script`.
     fn run(&self, id: &str, config: &Path, annotations: Value, script: &str) -> Output {
+        self.run_at("createRuntime", id, config, annotations, script)
+    }
+
+    /// The same with the registering hook at `stage` (`createRuntime` or `prestart`).
+    fn run_at(
+        &self,
+        stage: &str,
+        id: &str,
+        config: &Path,
+        annotations: Value,
+        script: &str,
+    ) -> Output {
         let bundle = self.dir.join(id);
         std::fs::create_dir_all(&bundle).unwrap();
         let status = Command::new("runc")
@@ -42,7 +54,7 @@ impl Runc {
         )
         .unwrap();
         let hook = |stage: &str| {
-            let mut h = snippet["hooks"][stage][0].clone();
+            let mut h = snippet["hooks"]["poststop"][0].clone();
             h["path"] = json!(bin("gpuplex-hook"));
             h["args"] = json!(["gpuplex-hook", "--config", config, stage]);
             json!([h])
@@ -51,8 +63,9 @@ impl Runc {
         spec["process"]["terminal"] = json!(false);
         spec["process"]["args"] = json!(["sh", "-c", script]);
         spec["annotations"] = annotations;
-        spec["hooks"] =
-            json!({"createRuntime": hook("createRuntime"), "poststop": hook("poststop")});
+        let mut hooks = json!({"poststop": hook("poststop")});
+        hooks[stage] = hook(stage);
+        spec["hooks"] = hooks;
         std::fs::write(&path, spec.to_string()).unwrap();
         Command::new("runc")
             .arg("--root")
@@ -111,7 +124,9 @@ fn a_runc_container_with_the_hook_in_its_config_gets_its_vgpu() {
         service.status()
     );
     let identities = service.dir.join("identity");
-    assert!(!identities.exists() || std::fs::read_dir(&identities).unwrap().count() == 0);
+    assert!(wait_until(Duration::from_secs(1), || {
+        !identities.exists() || std::fs::read_dir(&identities).unwrap().count() == 0
+    }));
 }
 
 #[test]
@@ -194,4 +209,37 @@ fn a_runc_container_that_cannot_get_a_vgpu_fails_in_one_line_leaving_nothing() {
     // Nothing was left in the rootfs on the host either (the nodes would have been on the
     // container's own /dev).
     assert!(!runc.rootfs.join("run/gpuplex/vgpu.json").exists());
+}
+
+#[test]
+fn a_runc_container_with_the_hook_at_prestart_gets_its_vgpu_too() {
+    if !can_run("a_runc_container_with_the_hook_at_prestart_gets_its_vgpu_too") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let service = NodeService::start(&dir.path().join("node"), 1, 239, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    let node = format!(
+        "/dev/{}",
+        service.devices[0].file_name().unwrap().to_str().unwrap()
+    );
+    let out = runc.run_at(
+        "prestart",
+        "gpuplex-runc-6",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "2Gi"}),
+        &format!("cat {node} 2>&1; cat /run/gpuplex/vgpu.json"),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("No such device or address"), "{stdout}");
+    assert!(
+        stdout.contains("\"container\": \"gpuplex-runc-6\""),
+        "{stdout}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(2), || service.held() == (0, 0)),
+        "{}",
+        service.status()
+    );
 }

@@ -162,6 +162,15 @@ impl Service {
             let _ = e.thaw(vgpu);
         }
         self.sampler.forget(vgpu);
+        // The hook's identity file for it, if any: whoever released it (poststop, an exit seen
+        // here, a lapse), the file goes with the vGPU.
+        let identities = gpuplex_hook::identity::identity_dir(&self.config.service.socket);
+        if let Err(e) = gpuplex_hook::identity::remove(&identities, &vgpu.to_string()) {
+            tracing::warn!(
+                "{vgpu}: cannot remove its identity file in {}: {e}",
+                identities.display()
+            );
+        }
         if let Err(e) = self.state.remove(&vgpu.to_string()) {
             tracing::error!("{vgpu}: {e}; a restart would recover it, and then drop it if its container is gone");
         }

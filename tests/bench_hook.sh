@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# What the hook costs a container's start, as ratios measured in one run (docs/benchmarks.md):
+#   runc run of a `true` container: with gpuplex-hook in config.json (createRuntime registers and
+#     injects, poststop releases) vs the same bundle without it;
+#   podman run --rm of a `true` container: with config/hooks.d and a gpuplex.io/ annotation
+#     (precreate reserves and edits, createRuntime attaches, poststop releases) vs without.
+# Root; needs hyperfine, runc, podman, busybox-static (make bench installs them) and a release
+# build (make build). GPUPLEX_BENCH_RUNS sets hyperfine's runs (default 30).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${GPUPLEX_BIN_DIR:-$repo/target/release}
+runs=${GPUPLEX_BENCH_RUNS:-30}
+[ "$(id -u)" = 0 ] || { echo "bench_hook.sh needs root" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/gpuplex-bench.XXXXXX)
+service_pid=""
+cleanup() {
+	if [ -n "$service_pid" ]; then kill -TERM "$service_pid" 2>/dev/null || true; wait "$service_pid" 2>/dev/null || true; fi
+	for _ in $(seq 50); do rm -rf "$work" 2>/dev/null && break; sleep 0.1; done
+}
+trap cleanup EXIT
+
+mknod -m 666 "$work/fakegpu0" c 195 232
+cat >"$work/gpuplex.toml" <<EOF
+[service]
+socket = "$work/gpuplex.sock"
+state_dir = "$work/state"
+activity = "cpu"
+[[fake_gpu]]
+uuid = "GPU-fake-0"
+model = "Fake A100"
+memory = "80Gi"
+device = "$work/fakegpu0"
+EOF
+"$bin/containerd-shim-gpuplex-v1" serve --config "$work/gpuplex.toml" 2>"$work/service.log" &
+service_pid=$!
+for _ in $(seq 100); do [ -S "$work/gpuplex.sock" ] && break; sleep 0.05; done
+
+mkdir -p "$work/rootfs/bin" "$work/rootfs/etc" "$work/rootfs/dev" "$work/rootfs/proc" "$work/rootfs/sys"
+cp /bin/busybox "$work/rootfs/bin/busybox"
+for a in sh true; do ln -s busybox "$work/rootfs/bin/$a"; done
+echo 'root:x:0:0:root:/:/bin/sh' >"$work/rootfs/etc/passwd"
+
+# runc bundles: the same config, with and without the hook.
+for kind in plain hook; do
+	mkdir -p "$work/$kind"
+	runc spec --bundle "$work/$kind"
+	python3 - "$work/$kind/config.json" "$work/rootfs" "$kind" "$bin/gpuplex-hook" "$work/gpuplex.toml" <<'PY'
+import json, sys
+path, rootfs, kind, hook, config = sys.argv[1:]
+spec = json.load(open(path))
+spec["root"] = {"path": rootfs, "readonly": False}
+spec["process"]["terminal"] = False
+spec["process"]["args"] = ["true"]
+if kind == "hook":
+    spec["annotations"] = {"gpuplex.io/gpu-memory": "1Gi"}
+    spec["hooks"] = {stage: [{"path": hook, "args": ["gpuplex-hook", "--config", config, stage]}]
+                     for stage in ("createRuntime", "poststop")}
+json.dump(spec, open(path, "w"))
+PY
+done
+
+# podman, with and without the gpuplex hooks.
+for kind in plain hook; do
+	mkdir -p "$work/podman-$kind/hooks.d"
+	if [ "$kind" = hook ]; then
+		for stage in precreate createRuntime poststop; do
+			sed -e "s|/usr/local/bin/gpuplex-hook|$bin/gpuplex-hook|" \
+				-e "s|\"args\": \\[\"gpuplex-hook\", \"$stage\"\\]|\"args\": [\"gpuplex-hook\", \"--config\", \"$work/gpuplex.toml\", \"$stage\"]|" \
+				"$repo/config/hooks.d/gpuplex-$stage.json" >"$work/podman-$kind/hooks.d/gpuplex-$stage.json"
+		done
+	fi
+	cat >"$work/podman-$kind/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+hooks_dir = ["$work/podman-$kind/hooks.d"]
+EOF
+done
+podman_cmd() { # kind, annotation args...
+	local kind=$1; shift
+	echo "CONTAINERS_CONF=$work/podman-$kind/containers.conf podman --root $work/podman-$kind/root --runroot $work/podman-$kind/runroot --tmpdir $work/podman-$kind/tmp --storage-driver vfs run --rm --runtime runc --network none $* --rootfs $work/rootfs true"
+}
+
+hyperfine --warmup 3 --runs "$runs" --export-json "$work/runc.json" \
+	-n "runc run" "runc --root $work/runc-state run --bundle $work/plain bench-plain" \
+	-n "runc run + gpuplex-hook" "runc --root $work/runc-state run --bundle $work/hook bench-hook"
+hyperfine --warmup 3 --runs "$runs" --export-json "$work/podman.json" \
+	-n "podman run --rm" "$(podman_cmd plain)" \
+	-n "podman run --rm + gpuplex hooks" "$(podman_cmd hook --annotation gpuplex.io/gpu-memory=1Gi)"
+
+python3 - "$work/runc.json" "$work/podman.json" <<'PY'
+import json, sys
+print()
+for path, goal in zip(sys.argv[1:], (1.15, 1.10)):
+    plain, hooked = json.load(open(path))["results"]
+    ratio = hooked["median"] / plain["median"]
+    print(f"{hooked['command']}: median {hooked['median']*1e3:.1f} ms vs {plain['median']*1e3:.1f} ms "
+          f"({plain['command']}): ratio {ratio:.3f} (goal <= {goal})")
+PY
