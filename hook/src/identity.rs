@@ -91,8 +91,9 @@ pub fn write(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
         .truncate(true)
         .mode(0o644)
         .open(&path)?;
+    // Not flushed to disk: it lives under /run (memory), and a crash before the container
+    // starts leaves a container that never ran.
     file.write_all(&bytes)?;
-    file.sync_all()?;
     Ok(path)
 }
 
