@@ -42,8 +42,9 @@ cp /bin/busybox "$work/rootfs/bin/busybox"
 for a in sh true; do ln -s busybox "$work/rootfs/bin/$a"; done
 echo 'root:x:0:0:root:/:/bin/sh' >"$work/rootfs/etc/passwd"
 
-# runc bundles: the same config, with and without the hook.
-for kind in plain hook; do
+# runc bundles: the same config without hooks, with two hooks that do nothing (/bin/true: what
+# runc's hook mechanism costs by itself), and with gpuplex's.
+for kind in plain truehook hook; do
 	mkdir -p "$work/$kind"
 	runc spec --bundle "$work/$kind"
 	python3 - "$work/$kind/config.json" "$work/rootfs" "$kind" "$bin/gpuplex-hook" "$work/gpuplex.toml" <<'PY'
@@ -53,6 +54,9 @@ spec = json.load(open(path))
 spec["root"] = {"path": rootfs, "readonly": False}
 spec["process"]["terminal"] = False
 spec["process"]["args"] = ["true"]
+if kind == "truehook":
+    spec["hooks"] = {stage: [{"path": "/bin/true", "args": ["true"]}]
+                     for stage in ("createRuntime", "poststop")}
 if kind == "hook":
     spec["annotations"] = {"gpuplex.io/gpu-memory": "1Gi"}
     spec["hooks"] = {stage: [{"path": hook, "args": ["gpuplex-hook", "--config", config, stage]}]
@@ -87,17 +91,23 @@ podman_cmd() { # kind, annotation args...
 
 hyperfine --warmup 3 --runs "$runs" --export-json "$work/runc.json" \
 	-n "runc run" "runc --root $work/runc-state run --bundle $work/plain bench-plain" \
-	-n "runc run + gpuplex-hook" "runc --root $work/runc-state run --bundle $work/hook bench-hook"
+	-n "runc run + gpuplex-hook" "runc --root $work/runc-state run --bundle $work/hook bench-hook" \
+	-n "runc run + two /bin/true hooks" "runc --root $work/runc-state run --bundle $work/truehook bench-true"
 hyperfine --warmup 3 --runs "$runs" --export-json "$work/podman.json" \
 	-n "podman run --rm" "$(podman_cmd plain)" \
 	-n "podman run --rm + gpuplex hooks" "$(podman_cmd hook --annotation gpuplex.io/gpu-memory=1Gi)"
 
 python3 - "$work/runc.json" "$work/podman.json" <<'PY'
 import json, sys
+runc, podman = (json.load(open(p))["results"] for p in sys.argv[1:])
+def line(a, b, goal=None):
+    ratio = a["median"] / b["median"]
+    tail = f" (goal <= {goal})" if goal else ""
+    print(f"{a['command']}: median {a['median']*1e3:.1f} ms vs {b['median']*1e3:.1f} ms "
+          f"({b['command']}): ratio {ratio:.3f}{tail}")
 print()
-for path, goal in zip(sys.argv[1:], (1.15, 1.10)):
-    plain, hooked = json.load(open(path))["results"]
-    ratio = hooked["median"] / plain["median"]
-    print(f"{hooked['command']}: median {hooked['median']*1e3:.1f} ms vs {plain['median']*1e3:.1f} ms "
-          f"({plain['command']}): ratio {ratio:.3f} (goal <= {goal})")
+line(runc[1], runc[0], 1.15)
+line(runc[2], runc[0])
+line(runc[1], runc[2])
+line(podman[1], podman[0], 1.10)
 PY
