@@ -14,33 +14,16 @@ runs=${GPUPLEX_BENCH_RUNS:-30}
 [ "$(id -u)" = 0 ] || { echo "bench_hook.sh needs root" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/gpuplex-bench.XXXXXX)
-service_pid=""
+# shellcheck source=tests/lib.sh
+. "$repo/tests/lib.sh"
 cleanup() {
-	if [ -n "$service_pid" ]; then kill -TERM "$service_pid" 2>/dev/null || true; wait "$service_pid" 2>/dev/null || true; fi
-	for _ in $(seq 50); do rm -rf "$work" 2>/dev/null && break; sleep 0.1; done
+	gpuplex_stop_service
+	gpuplex_remove_work
 }
 trap cleanup EXIT
 
-mknod -m 666 "$work/fakegpu0" c 195 232
-cat >"$work/gpuplex.toml" <<EOF
-[service]
-socket = "$work/gpuplex.sock"
-state_dir = "$work/state"
-activity = "cpu"
-[[fake_gpu]]
-uuid = "GPU-fake-0"
-model = "Fake A100"
-memory = "80Gi"
-device = "$work/fakegpu0"
-EOF
-"$bin/containerd-shim-gpuplex-v1" serve --config "$work/gpuplex.toml" 2>"$work/service.log" &
-service_pid=$!
-for _ in $(seq 100); do [ -S "$work/gpuplex.sock" ] && break; sleep 0.05; done
-
-mkdir -p "$work/rootfs/bin" "$work/rootfs/etc" "$work/rootfs/dev" "$work/rootfs/proc" "$work/rootfs/sys"
-cp /bin/busybox "$work/rootfs/bin/busybox"
-for a in sh true; do ln -s busybox "$work/rootfs/bin/$a"; done
-echo 'root:x:0:0:root:/:/bin/sh' >"$work/rootfs/etc/passwd"
+gpuplex_start_service 232 "Fake A100" 80Gi
+gpuplex_busybox_rootfs "$work/rootfs" sh true
 
 # runc bundles: the same config without hooks, with two hooks that do nothing (/bin/true: what
 # runc's hook mechanism costs by itself), and with gpuplex's.
@@ -66,26 +49,11 @@ PY
 done
 
 # podman, with and without the gpuplex hooks.
-for kind in plain hook; do
-	mkdir -p "$work/podman-$kind/hooks.d"
-	if [ "$kind" = hook ]; then
-		for stage in precreate createRuntime poststop; do
-			sed -e "s|/usr/local/bin/gpuplex-hook|$bin/gpuplex-hook|" \
-				-e "s|\"args\": \\[\"gpuplex-hook\", \"$stage\"\\]|\"args\": [\"gpuplex-hook\", \"--config\", \"$work/gpuplex.toml\", \"$stage\"]|" \
-				"$repo/config/hooks.d/gpuplex-$stage.json" >"$work/podman-$kind/hooks.d/gpuplex-$stage.json"
-		done
-	fi
-	cat >"$work/podman-$kind/containers.conf" <<EOF
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-hooks_dir = ["$work/podman-$kind/hooks.d"]
-EOF
-done
+gpuplex_podman_setup "$work/podman-plain"
+gpuplex_podman_setup "$work/podman-hook" hooks
 podman_cmd() { # kind, annotation args...
-	local kind=$1; shift
+	local kind=$1
+	shift
 	echo "CONTAINERS_CONF=$work/podman-$kind/containers.conf podman --root $work/podman-$kind/root --runroot $work/podman-$kind/runroot --tmpdir $work/podman-$kind/tmp --storage-driver vfs run --rm --runtime runc --network none $* --rootfs $work/rootfs true"
 }
 

@@ -20,60 +20,23 @@ for b in containerd-shim-gpuplex-v1 gpuplexctl gpuplex-hook; do
 done
 
 work=$(mktemp -d /tmp/gpuplex-demo.XXXXXX)
-service_pid=""
-podman_() {
-	CONTAINERS_CONF=$work/containers.conf podman --root "$work/podman/root" --runroot "$work/podman/runroot" \
-		--tmpdir "$work/podman/tmp" --storage-driver vfs "$@"
-}
+# shellcheck source=tests/lib.sh
+. "$repo/tests/lib.sh"
+podman_() { gpuplex_podman "$work/podman" "$@"; }
 cleanup() {
 	podman_ rm -a -f -t 0 >/dev/null 2>&1 || true
-	if [ -n "$service_pid" ]; then kill -TERM "$service_pid" 2>/dev/null || true; wait "$service_pid" 2>/dev/null || true; fi
-	# podman's cleanup processes may still be writing its storage for a moment.
-	for _ in $(seq 50); do rm -rf "$work" 2>/dev/null && break; sleep 0.1; done
+	gpuplex_stop_service
+	gpuplex_remove_work
 }
 trap cleanup EXIT
 
 # One fake GPU: a character device node with the NVIDIA major; opening it in a container gives
 # ENXIO (allowed, no driver) instead of EPERM.
-mknod -m 666 "$work/fakegpu0" c 195 231
-cat >"$work/gpuplex.toml" <<EOF
-[scheduler]
-slice = "200ms"
-[service]
-socket = "$work/gpuplex.sock"
-state_dir = "$work/state"
-activity = "cpu"
-[[fake_gpu]]
-uuid = "GPU-fake-0"
-model = "Fake A100 (no real GPU)"
-memory = "40Gi"
-device = "$work/fakegpu0"
-EOF
-"$bin/containerd-shim-gpuplex-v1" serve --config "$work/gpuplex.toml" 2>"$work/service.log" &
-service_pid=$!
-for _ in $(seq 100); do [ -S "$work/gpuplex.sock" ] && break; sleep 0.05; done
+gpuplex_start_service 231 "Fake A100 (no real GPU)" 40Gi 'slice = "200ms"'
 ctl() { "$bin/gpuplexctl" --socket "$work/gpuplex.sock" "$@"; }
-ctl status >/dev/null || { echo "demo: the node service did not start:" >&2; cat "$work/service.log" >&2; exit 1; }
-
-# podman with gpuplex's hooks (config/hooks.d, pointed at the built hook and this config), and
-# the workarounds these machines need (../shared/notes/container-stack.md §6).
-mkdir -p "$work/hooks.d" "$work/rootfs/bin" "$work/rootfs/etc"
-for stage in precreate createRuntime poststop; do
-	sed -e "s|/usr/local/bin/gpuplex-hook|$bin/gpuplex-hook|" \
-		-e "s|\"args\": \\[\"gpuplex-hook\", \"$stage\"\\]|\"args\": [\"gpuplex-hook\", \"--config\", \"$work/gpuplex.toml\", \"$stage\"]|" \
-		"$repo/config/hooks.d/gpuplex-$stage.json" >"$work/hooks.d/gpuplex-$stage.json"
-done
-cat >"$work/containers.conf" <<EOF
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-hooks_dir = ["$work/hooks.d"]
-EOF
-cp /bin/busybox "$work/rootfs/bin/busybox"
-for a in sh sleep cat true; do ln -s busybox "$work/rootfs/bin/$a"; done
-echo 'root:x:0:0:root:/:/bin/sh' >"$work/rootfs/etc/passwd"
+# podman with gpuplex's hooks (config/hooks.d, pointed at the built hook and this config).
+gpuplex_podman_setup "$work/podman" hooks
+gpuplex_busybox_rootfs "$work/rootfs" sh sleep cat true
 
 echo "gpuplex demo: three podman containers share ONE FAKE GPU (there is no GPU on this machine)."
 echo "Each runs a busy loop; the cpu activity source stands in for GPU work. Weights 1, 2, 3."
