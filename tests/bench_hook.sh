@@ -74,8 +74,39 @@ def line(a, b, goal=None):
     print(f"{a['command']}: median {a['median']*1e3:.1f} ms vs {b['median']*1e3:.1f} ms "
           f"({b['command']}): ratio {ratio:.3f}{tail}")
 print()
+print("hyperfine (each command's runs in a row):")
 line(runc[1], runc[0], 1.15)
 line(runc[2], runc[0])
 line(runc[1], runc[2])
 line(podman[1], podman[0], 1.10)
+PY
+
+# hyperfine runs one command's runs in a row, so a drift of the machine between them (this
+# shared VM drifts by ±10%) lands in the ratio. The same pairs again, interleaved: A B A B ...
+python3 - "$runs" "$work" "$(podman_cmd plain)" "$(podman_cmd hook --annotation gpuplex.io/gpu-memory=1Gi)" <<'PY'
+import statistics, subprocess, sys, time
+runs, work, podman_plain, podman_hook = sys.argv[1:]
+runs = int(runs)
+runc = lambda bundle, name: f"runc --root {work}/runc-state run --bundle {work}/{bundle} {name}"
+pairs = [
+    ("runc run + gpuplex-hook vs runc run", runc("hook", "i-hook"), runc("plain", "i-plain"), 1.15),
+    ("runc run + gpuplex-hook vs runc run + two /bin/true hooks", runc("hook", "i-hook"), runc("truehook", "i-true"), None),
+    ("podman run --rm + gpuplex hooks vs podman run --rm", podman_hook, podman_plain, 1.10),
+]
+def timed(cmd):
+    start = time.perf_counter()
+    subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+print()
+print(f"interleaved ({runs} pairs each):")
+for name, a, b, goal in pairs:
+    for _ in range(3):
+        timed(a), timed(b)
+    ta, tb = [], []
+    for _ in range(runs):
+        ta.append(timed(a))
+        tb.append(timed(b))
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    tail = f" (goal <= {goal})" if goal else ""
+    print(f"{name}: median {ma*1e3:.1f} ms vs {mb*1e3:.1f} ms: ratio {ma/mb:.3f}{tail}")
 PY
