@@ -256,6 +256,19 @@ pub fn release_request(key: &str) -> Value {
 
 /// The default configuration file, where `service.socket` is looked up.
 pub const DEFAULT_CONFIG: &str = "/etc/gpuplex/gpuplex.toml";
+/// The environment variable that names another configuration file.
+pub const CONFIG_ENV: &str = "GPUPLEX_CONFIG";
+
+/// The configuration file to read: `flag` (`--config`), else `env` (`$GPUPLEX_CONFIG`, when not
+/// empty), else [`DEFAULT_CONFIG`]. The second value says whether it was named: a named file must
+/// exist, the default one may be absent.
+pub fn config_path(flag: Option<&Path>, env: Option<&std::ffi::OsStr>) -> (PathBuf, bool) {
+    match (flag, env.filter(|e| !e.is_empty())) {
+        (Some(p), _) => (p.to_path_buf(), true),
+        (None, Some(e)) => (PathBuf::from(e), true),
+        (None, None) => (PathBuf::from(DEFAULT_CONFIG), false),
+    }
+}
 
 /// `service.socket` from the gpuplex configuration at `path`, if it sets one (the rest of the
 /// file is the node service's to check). An absent file is an error only when it was `named`.

@@ -175,7 +175,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
     let value: Value =
         serde_json::from_slice(line).map_err(|e| ProtocolError::Json(e.to_string()))?;
     let Value::Object(mut fields) = value else {
-        return Err(ProtocolError::Json(format!("got {}", kind(&value))));
+        return Err(ProtocolError::Json(format!("got {}", json_kind(&value))));
     };
     let op = match fields.remove("op") {
         Some(Value::String(op)) => OPERATIONS
@@ -240,7 +240,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
     }
 }
 
-fn kind(value: &Value) -> &'static str {
+/// How a JSON value reads in a one-line message: `a string`, `an array`, ... (also the hook's
+/// spec editor's wording).
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -18,10 +18,11 @@ use gpuplex_scheduler::time::format_duration;
 use gpuplex_scheduler::toml_place::TomlPlace;
 use serde::Deserialize;
 
-/// Where the configuration is read from unless told otherwise.
-pub const DEFAULT_PATH: &str = "/etc/gpuplex/gpuplex.toml";
-/// The environment variable that names another configuration file.
-pub const PATH_ENV: &str = "GPUPLEX_CONFIG";
+/// Where the configuration is found (`--config`, `$GPUPLEX_CONFIG`, the default path): one rule
+/// for the service, gpuplexctl and the hook, kept with the hook's client.
+pub use gpuplex_hook::client::{
+    config_path, CONFIG_ENV as PATH_ENV, DEFAULT_CONFIG as DEFAULT_PATH,
+};
 
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -74,7 +75,7 @@ pub struct ServiceConfig {
 impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
-            socket: PathBuf::from("/run/gpuplex/gpuplex.sock"),
+            socket: PathBuf::from(gpuplex_hook::client::DEFAULT_SOCKET),
             state_dir: PathBuf::from("/run/gpuplex/state"),
             activity: ActivityChoice::Auto,
             sample_interval: Duration::from_millis(50),
@@ -137,16 +138,6 @@ pub enum ConfigError {
         /// What is wrong, with the line and key where known.
         message: String,
     },
-}
-
-/// The configuration file to read: `--config`, else `$GPUPLEX_CONFIG`, else the default path.
-/// The second value says whether it was named (a named file must exist).
-pub fn config_path(flag: Option<&Path>, env: Option<&str>) -> (PathBuf, bool) {
-    match (flag, env.filter(|e| !e.is_empty())) {
-        (Some(p), _) => (p.to_path_buf(), true),
-        (None, Some(e)) => (PathBuf::from(e), true),
-        (None, None) => (PathBuf::from(DEFAULT_PATH), false),
-    }
 }
 
 impl NodeConfig {

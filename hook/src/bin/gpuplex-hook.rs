@@ -108,11 +108,9 @@ fn main() -> ExitCode {
         eprintln!("gpuplex-hook {stage}: cannot drop capabilities: {e}");
         return ExitCode::from(1);
     }
-    let config = config.or_else(|| {
-        std::env::var_os("GPUPLEX_CONFIG")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
+    let env = std::env::var_os(gpuplex_hook::client::CONFIG_ENV);
+    let (config, named) = gpuplex_hook::client::config_path(config.as_deref(), env.as_deref());
+    let config = named.then_some(config);
     let mut input = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut input) {
         eprintln!("gpuplex-hook {stage}: cannot read stdin: {e}");

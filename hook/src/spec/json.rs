@@ -5,16 +5,7 @@ use serde_json::{Map, Value};
 use super::SpecError;
 
 /// How a JSON value reads in a message: `a string`, `an array`, ...
-pub(super) fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub(super) use gpuplex_scheduler::protocol::json_kind as kind;
 
 fn wrong(field: &str, expected: &'static str, found: &Value) -> SpecError {
     SpecError::WrongType {

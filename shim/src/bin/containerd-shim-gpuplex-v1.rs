@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let env = std::env::var(PATH_ENV).ok();
+    let env = std::env::var_os(PATH_ENV);
     let (path, named) = config_path(flag.as_deref(), env.as_deref());
     let config = match NodeConfig::load(&path, named) {
         Ok(c) => c,

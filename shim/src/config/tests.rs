@@ -123,12 +123,19 @@ fn an_absent_default_file_means_defaults_but_a_named_one_must_exist() {
 
 #[test]
 fn the_flag_beats_the_environment_which_beats_the_default() {
+    use std::ffi::OsStr;
     let flag = Path::new("/a.toml");
     assert_eq!(
-        config_path(Some(flag), Some("/b.toml")),
+        config_path(Some(flag), Some(OsStr::new("/b.toml"))),
         (flag.into(), true)
     );
-    assert_eq!(config_path(None, Some("/b.toml")), ("/b.toml".into(), true));
-    assert_eq!(config_path(None, Some("")), (DEFAULT_PATH.into(), false));
+    assert_eq!(
+        config_path(None, Some(OsStr::new("/b.toml"))),
+        ("/b.toml".into(), true)
+    );
+    assert_eq!(
+        config_path(None, Some(OsStr::new(""))),
+        (DEFAULT_PATH.into(), false)
+    );
     assert_eq!(config_path(None, None), (DEFAULT_PATH.into(), false));
 }

@@ -25,7 +25,7 @@ use args::{Cli, Command, Format};
 
 /// The config file read for `service.socket` when neither `--config` nor `$GPUPLEX_CONFIG`
 /// names one. Unlike a named one, it may be absent.
-pub const DEFAULT_CONFIG: &str = "/etc/gpuplex/gpuplex.toml";
+pub use crate::client::DEFAULT_CONFIG;
 
 /// Why `gpuplexctl` stops early. Every message is one line.
 #[derive(Debug, thiserror::Error)]
@@ -135,11 +135,8 @@ pub fn resolve_socket(
     if let Some(socket) = env("GPUPLEX_SOCKET").filter(|s| !s.is_empty()) {
         return Ok(PathBuf::from(socket));
     }
-    let (config, named) = match (&cli.config, env("GPUPLEX_CONFIG").filter(|s| !s.is_empty())) {
-        (Some(path), _) => (path.clone(), true),
-        (None, Some(path)) => (PathBuf::from(path), true),
-        (None, None) => (PathBuf::from(DEFAULT_CONFIG), false),
-    };
+    let env_config = env(crate::client::CONFIG_ENV);
+    let (config, named) = crate::client::config_path(cli.config.as_deref(), env_config.as_deref());
     Ok(socket_from_config(&config, named)?.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)))
 }
 

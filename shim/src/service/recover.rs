@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use gpuplex_scheduler::accounting::{GpuStats, VgpuStats};
 use gpuplex_scheduler::inventory::Assignment;
 use gpuplex_scheduler::node::{Attachment, Target, VgpuRecord};
-use gpuplex_scheduler::request::{VgpuRequest, PREFIX};
+use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
 use super::enforce::Enforced;
@@ -107,7 +107,6 @@ impl Service {
             saved
                 .annotations
                 .iter()
-                .filter(|(k, _)| k.starts_with(PREFIX))
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .map_err(|e| e.to_string())?
