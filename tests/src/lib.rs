@@ -279,10 +279,10 @@ impl Podman {
         c
     }
 
-    /// `podman run --rm` of the busybox rootfs with `extra` options and `sh -c script`.
-    pub fn run(&self, extra: &[&str], script: &str) -> Output {
+    /// `podman run <mode>` of the busybox rootfs with `extra` options and `sh -c script`.
+    fn run_as(&self, mode: &str, extra: &[&str], script: &str) -> Output {
         self.command()
-            .args(["run", "--rm", "--runtime", "runc", "--network", "none"])
+            .args(["run", mode, "--runtime", "runc", "--network", "none"])
             .args(extra)
             .arg("--rootfs")
             .arg(&self.rootfs)
@@ -292,18 +292,14 @@ impl Podman {
             .unwrap()
     }
 
+    /// `podman run --rm` of the busybox rootfs with `extra` options and `sh -c script`.
+    pub fn run(&self, extra: &[&str], script: &str) -> Output {
+        self.run_as("--rm", extra, script)
+    }
+
     /// The same, detached: returns the container's id.
     pub fn run_detached(&self, extra: &[&str], script: &str) -> String {
-        let out = self
-            .command()
-            .args(["run", "-d", "--runtime", "runc", "--network", "none"])
-            .args(extra)
-            .arg("--rootfs")
-            .arg(&self.rootfs)
-            .args(["sh", "-c", script])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = self.run_as("-d", extra, script);
         assert!(out.status.success(), "podman run -d: {}", text(&out));
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }

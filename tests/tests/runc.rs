@@ -53,8 +53,20 @@ impl Runc {
                 .unwrap(),
         )
         .unwrap();
+        // The snippet's own entries (prestart takes createRuntime's), pointed at the built hook
+        // and this test's config.
         let hook = |stage: &str| {
-            let mut h = snippet["hooks"]["poststop"][0].clone();
+            let documented = if stage == "poststop" {
+                "poststop"
+            } else {
+                "createRuntime"
+            };
+            let mut h = snippet["hooks"][documented][0].clone();
+            assert_eq!(
+                h["args"],
+                json!(["gpuplex-hook", documented]),
+                "config/runc-hooks.json"
+            );
             h["path"] = json!(bin("gpuplex-hook"));
             h["args"] = json!(["gpuplex-hook", "--config", config, stage]);
             json!([h])
