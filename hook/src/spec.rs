@@ -10,7 +10,7 @@
 //! | `process.env` | `CUDA_VISIBLE_DEVICES=<uuids joined by ,>`, replacing an existing one in place |
 //! | `mounts` | a read-only bind of the identity file at [`IDENTITY_PATH`], last (an older mount there is removed) |
 //! | `annotations` | [`VGPU_ID_ANNOTATION`] = the vGPU id |
-//! | `hooks.createRuntime`, `hooks.poststop` | the gpuplex hook with the stage name as its last argument, appended unless an identical entry is there |
+//! | `hooks.createRuntime`, `hooks.poststop` | the gpuplex hook with the stage name as its last argument, appended unless the stage already runs a program of the same file name with that last argument (podman puts `hooks.d`'s createRuntime entry there before precreate) |
 //!
 //! Objects and arrays that are absent (or `null`) are created. Everything else is left as it
 //! was, including fields oci-spec does not model: the edits work on [`serde_json::Value`], and

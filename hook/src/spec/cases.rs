@@ -71,6 +71,12 @@ fn replaces_what_was_there_and_keeps_the_rest() {
         ("identical hook not repeated, a different one kept",
             format!(r#"{{"hooks":{{"poststop":[{},{timed}],"prestart":[{timed}]}}}}"#, hook("poststop")),
             "/hooks", format!(r#"{{"poststop":[{},{timed}],"prestart":[{timed}],"createRuntime":[{}]}}"#, hook("poststop"), hook("createRuntime"))),
+        ("gpuplex-hook already at a stage (podman's hooks.d createRuntime) not doubled",
+            r#"{"hooks":{"createRuntime":[{"path":"/usr/local/bin/gpuplex-hook","args":["gpuplex-hook","createRuntime"]}]}}"#.into(),
+            "/hooks/createRuntime", r#"[{"path":"/usr/local/bin/gpuplex-hook","args":["gpuplex-hook","createRuntime"]}]"#.into()),
+        ("another program at the stage, or gpuplex-hook at another stage: the hook still added",
+            r#"{"hooks":{"createRuntime":[{"path":"/bin/true","args":["true","createRuntime"]},{"path":"/usr/bin/gpuplex-hook","args":["gpuplex-hook","poststop"]}]}}"#.into(),
+            "/hooks/createRuntime", format!(r#"[{{"path":"/bin/true","args":["true","createRuntime"]}},{{"path":"/usr/bin/gpuplex-hook","args":["gpuplex-hook","poststop"]}},{}]"#, hook("createRuntime"))),
         ("read-only root untouched",
             r#"{"root":{"path":"rootfs","readonly":true}}"#.into(), "/root", r#"{"path":"rootfs","readonly":true}"#.into()),
     ];

@@ -136,10 +136,31 @@ impl Plan {
 
         let hooks = object(root, "hooks", "hooks")?;
         for (stage, entry) in self.hooks {
-            push_new(array(hooks, stage, &format!("hooks.{stage}"))?, entry);
+            let entries = array(hooks, stage, &format!("hooks.{stage}"))?;
+            if !entries
+                .iter()
+                .any(|item| same_program_and_stage(item, &entry, stage))
+            {
+                entries.push(entry);
+            }
         }
         Ok(())
     }
+}
+
+/// Whether the hook `item`, already in the config, runs the program of `entry` (the same file
+/// name) with `stage` as its last argument. podman puts hooks.d's createRuntime entries into the
+/// config before it runs precreate, so a second entry would only run gpuplex-hook twice.
+fn same_program_and_stage(item: &Value, entry: &Value, stage: &str) -> bool {
+    fn name(hook: &Value) -> Option<&std::ffi::OsStr> {
+        hook["path"]
+            .as_str()
+            .and_then(|path| Path::new(path).file_name())
+    }
+    let last_arg = item["args"].as_array().and_then(|args| args.last());
+    name(item).is_some()
+        && name(item) == name(entry)
+        && last_arg.and_then(Value::as_str) == Some(stage)
 }
 
 /// See [`super::edit`]: the edits are made on a copy, which replaces `config` when all of them
