@@ -33,9 +33,10 @@ demo: test-deps build
 		./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO); \
 	fi
 
-# What the end-to-end tests run (tests/: podman, runc; ../shared/notes/container-stack.md), from
-# Debian, installed when missing (as root; without root the tests that need them skip).
-TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static
+# What the end-to-end tests run (tests/: podman, runc, containerd;
+# ../shared/notes/container-stack.md), from Debian, installed when missing (as root; without root
+# the tests that need them skip).
+TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static containerd
 test-deps:
 	@missing=""; for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -83,8 +83,9 @@ pub struct Injection {
     pub devices: Vec<DeviceNode>,
     /// The host file bind-mounted read-only at [`IDENTITY_PATH`]; an absolute path.
     pub identity_file: PathBuf,
-    /// The hook added at `createRuntime` and `poststop`.
-    pub hook: HookCommand,
+    /// The hook added at `createRuntime` and `poststop`; none for the containerd shim, which
+    /// attaches and releases the container itself.
+    pub hook: Option<HookCommand>,
 }
 
 /// What can go wrong reading a device node or editing a spec. Every message is one line.

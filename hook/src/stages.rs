@@ -43,8 +43,9 @@ pub struct HookContext {
     pub socket: PathBuf,
     /// Where identity files live.
     pub identity_dir: PathBuf,
-    /// This hook, as later stages are to run it.
-    pub hook: HookCommand,
+    /// This hook, as later stages are to run it; none when the caller attaches and releases the
+    /// container itself (the containerd shim).
+    pub hook: Option<HookCommand>,
     /// The node's name, for identities.
     pub node: String,
 }
@@ -77,11 +78,11 @@ impl HookContext {
         Ok(HookContext {
             identity_dir: identity::identity_dir(&socket),
             socket,
-            hook: HookCommand {
+            hook: Some(HookCommand {
                 path: exe,
                 args,
                 env: Vec::new(),
-            },
+            }),
             node,
         })
     }
@@ -145,8 +146,9 @@ pub fn precreate_for_podman(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, 
     let Some(object) = config.as_object_mut() else {
         return Err(error);
     };
+    let hook_path = ctx.hook.as_ref().map(|hook| hook.path.clone());
     let fail = json!({
-        "path": ctx.hook.path,
+        "path": hook_path.unwrap_or_else(|| PathBuf::from("/usr/local/bin/gpuplex-hook")),
         "args": ["gpuplex-hook", "fail", error.to_string()],
     });
     let hooks = object.entry("hooks").or_insert_with(|| json!({}));

@@ -10,7 +10,8 @@
 //! - [`state`]: the registrations on disk, written atomically, read back after a restart;
 //! - [`service`]: the node service's loop, its socket and its signals;
 //! - [`metrics`]: the Prometheus endpoint;
-//! - [`client`] and [`ctl`]: `gpuplexctl`.
+//! - [`client`] and [`ctl`]: `gpuplexctl`;
+//! - [`task`]: the containerd shim v2 (containerd's task API over runc).
 #![deny(missing_docs)]
 
 pub use gpuplex_hook::client;
@@ -24,3 +25,4 @@ pub mod metrics;
 pub mod nvml;
 pub mod service;
 pub mod state;
+pub mod task;

@@ -183,7 +183,7 @@ fn refuses_an_injection_it_cannot_write() {
         (|i| i.uuids.push(String::new()), "gpuplex injection for vgpu-1: GPU UUID \"\" cannot go in CUDA_VISIBLE_DEVICES: it is empty or has a comma or whitespace"),
         (|i| i.vgpu = " ".into(), "gpuplex injection: the vGPU id is empty"),
         (|i| i.identity_file = "vgpu.json".into(), "gpuplex injection: identity file vgpu.json must be an absolute UTF-8 path"),
-        (|i| i.hook.path = "gpuplex-hook".into(), "gpuplex injection: hook path gpuplex-hook must be an absolute UTF-8 path"),
+        (|i| i.hook.as_mut().unwrap().path = "gpuplex-hook".into(), "gpuplex injection: hook path gpuplex-hook must be an absolute UTF-8 path"),
         (|i| i.devices[0].container_path = "dev/nvidia0".into(), "gpuplex injection: device container path dev/nvidia0 must be an absolute UTF-8 path"),
         (|i| i.identity_file = PathBuf::from(OsStr::from_bytes(b"/run/\xff.json")), "gpuplex injection: identity file /run/\u{fffd}.json must be an absolute UTF-8 path"),
     ];

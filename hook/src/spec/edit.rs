@@ -6,8 +6,8 @@ use serde_json::{json, Map, Value};
 
 use super::json::{all_objects, all_strings, array, kind, object, push_new, replace_or_push};
 use super::{
-    Injection, SpecError, HOOK_STAGES, IDENTITY_MOUNT_OPTIONS, IDENTITY_PATH, VGPU_ID_ANNOTATION,
-    VISIBLE_DEVICES,
+    HookCommand, Injection, SpecError, HOOK_STAGES, IDENTITY_MOUNT_OPTIONS, IDENTITY_PATH,
+    VGPU_ID_ANNOTATION, VISIBLE_DEVICES,
 };
 
 /// What goes into the config, built and checked before anything is changed.
@@ -76,7 +76,22 @@ impl Plan {
             "destination": IDENTITY_PATH, "type": "bind", "source": source,
             "options": IDENTITY_MOUNT_OPTIONS,
         });
-        let hook = &injection.hook;
+        let mut hooks = Vec::new();
+        if let Some(hook) = &injection.hook {
+            hooks = Plan::hooks(hook)?;
+        }
+        Ok(Plan {
+            devices,
+            rules,
+            env: format!("{VISIBLE_DEVICES}={}", injection.uuids.join(",")),
+            mount,
+            vgpu,
+            hooks,
+        })
+    }
+
+    /// The hook's entry at each of [`HOOK_STAGES`].
+    fn hooks(hook: &HookCommand) -> Result<Vec<(&'static str, Value)>, SpecError> {
         let hook_path = absolute(&hook.path, "hook path")?;
         let hooks = HOOK_STAGES
             .iter()
@@ -93,14 +108,7 @@ impl Plan {
                 (stage, entry)
             })
             .collect();
-        Ok(Plan {
-            devices,
-            rules,
-            env: format!("{VISIBLE_DEVICES}={}", injection.uuids.join(",")),
-            mount,
-            vgpu,
-            hooks,
-        })
+        Ok(hooks)
     }
 
     /// Writes the plan into `root`, the config's top-level object.

@@ -47,13 +47,13 @@ pub(super) fn injection() -> Injection {
             node("/dev/nvidia-uvm", 508, 0),
         ],
         identity_file: "/run/gpuplex/vgpus/vgpu-3.json".into(),
-        hook: HookCommand {
+        hook: Some(HookCommand {
             path: "/usr/local/bin/gpuplex-hook".into(),
             args: ["gpuplex-hook", "--config", "/etc/gpuplex/gpuplex.toml"]
                 .map(String::from)
                 .into(),
             env: vec!["GPUPLEX_LOG=info".into()],
-        },
+        }),
     }
 }
 
@@ -64,11 +64,11 @@ pub(super) fn one() -> Injection {
         uuids: vec!["GPU-a".into()],
         devices: vec![node("/dev/nvidia0", 195, 0)],
         identity_file: "/run/gpuplex/vgpus/vgpu-1.json".into(),
-        hook: HookCommand {
+        hook: Some(HookCommand {
             path: "/usr/bin/gpuplex-hook".into(),
             args: vec![],
             env: vec![],
-        },
+        }),
     }
 }
 
@@ -272,4 +272,14 @@ fn keeps_key_order_when_serde_json_preserves_it() {
             assert_eq!(text(&out), text(&input), "{name}: {pointer}");
         }
     }
+}
+
+#[test]
+fn without_a_hook_command_no_hook_is_added() {
+    let mut injection = one();
+    injection.hook = None;
+    let config = serde_json::json!({"hooks": {"poststop": [{"path": "/bin/true"}]}});
+    let out = edited(&config, &injection);
+    assert_eq!(out["hooks"], config["hooks"]);
+    assert_eq!(out["annotations"][VGPU_ID_ANNOTATION], "vgpu-1");
 }

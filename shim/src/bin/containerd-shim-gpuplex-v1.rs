@@ -1,5 +1,6 @@
-//! `containerd-shim-gpuplex-v1`: the node service (`serve`) today; the containerd shim v2 lands
-//! in the same binary later (containerd runs it by this name).
+//! `containerd-shim-gpuplex-v1`: containerd's shim v2 for gpuplex when containerd runs it
+//! (`-namespace NS -address A -id ID start|delete`, and the daemon it starts), and the node
+//! service (`serve`).
 //!
 //! Exit codes: 0 stopped by SIGTERM/SIGINT after thawing everything; 1 could not start (one line
 //! on stderr says why); 2 usage.
@@ -40,11 +41,8 @@ fn main() -> ExitCode {
         }
         Some(flag) if flag.starts_with('-') => {
             // containerd calls a shim as `-namespace NS -address A ... start|delete`.
-            eprintln!(
-                "containerd-shim-gpuplex-v1: the containerd shim v2 protocol is not implemented yet; \
-                 this build only runs the node service (`containerd-shim-gpuplex-v1 serve`)"
-            );
-            return ExitCode::from(1);
+            gpuplex_shim::task::run();
+            return ExitCode::SUCCESS;
         }
         _ => {
             eprintln!("containerd-shim-gpuplex-v1: unknown command {command:?}; try --help");

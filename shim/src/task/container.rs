@@ -1,0 +1,400 @@
+//! One container of this shim and what runc does to it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use containerd_shim::api::CreateTaskRequest;
+use containerd_shim::protos::shim::oci::Options as RuncV1Options;
+use runc::options::{CreateOpts, DeleteOpts, ExecOpts, GlobalOpts, KillOpts};
+
+use super::error::TaskError;
+use super::options::RuntimeOptions;
+use super::process::{Lifecycle, Process};
+use super::spawner::ReapedSpawner;
+use super::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
+use super::vgpu::NodeLink;
+
+/// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
+#[derive(Debug)]
+pub struct Container {
+    /// containerd's id for it.
+    pub id: String,
+    /// Its bundle directory.
+    pub bundle: PathBuf,
+    /// runc, as the runtime options say to run it.
+    runc: runc::Runc,
+    options: RuntimeOptions,
+    /// Its init process.
+    pub init: Process,
+    /// Its exec processes, by exec id.
+    pub execs: HashMap<String, Process>,
+    /// Its vGPU's id, if it asked for one.
+    pub vgpu: Option<String>,
+    /// Whether the shim mounted its rootfs (and so unmounts it).
+    mounted_rootfs: bool,
+}
+
+/// runc with the shim's reaper, its log in the bundle, as `options` say.
+pub fn runc_for(
+    options: &RuntimeOptions,
+    namespace: &str,
+    bundle: &Path,
+) -> Result<runc::Runc, TaskError> {
+    let mut global = GlobalOpts::new()
+        .command(options.runc_binary())
+        .root(options.runc_root(namespace))
+        .log(bundle.join("log.json"))
+        .log_json()
+        .systemd_cgroup(options.systemd_cgroup);
+    global.custom_spawner(Arc::new(ReapedSpawner));
+    global.build().map_err(|e| TaskError::Runc {
+        what: "find runc",
+        why: e.to_string(),
+    })
+}
+
+/// What runc said last in its log (`log.json`), else `fallback`.
+pub fn runc_failure(bundle: &Path, fallback: &runc::error::Error) -> String {
+    let log = std::fs::read_to_string(bundle.join("log.json")).unwrap_or_default();
+    log.lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["level"] == "error")
+        .and_then(|entry| entry["msg"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+fn pid_file(path: &Path) -> Result<u32, TaskError> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| TaskError::Runc {
+            what: "read the pid file",
+            why: format!("{} is missing or not a pid", path.display()),
+        })
+}
+
+impl Container {
+    /// `Create`: mounts the rootfs, gives the container its vGPU if it asks for one, and runs
+    /// `runc create`. Undone entirely on failure.
+    pub fn create(
+        req: &CreateTaskRequest,
+        options: RuntimeOptions,
+        namespace: &str,
+        node: &NodeLink,
+    ) -> Result<Container, TaskError> {
+        let bundle = PathBuf::from(&req.bundle);
+        let rootfs = bundle.join("rootfs");
+        let mut container = Container {
+            id: req.id.clone(),
+            runc: runc_for(&options, namespace, &bundle)?,
+            bundle: bundle.clone(),
+            options,
+            init: Process::new(
+                "",
+                StdioPaths {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: req.terminal,
+                },
+            ),
+            execs: HashMap::new(),
+            vgpu: None,
+            mounted_rootfs: false,
+        };
+        write_runc_options(&bundle, &container.options);
+        for m in &req.rootfs {
+            std::fs::create_dir_all(&rootfs)
+                .map_err(|e| TaskError::io("create the rootfs directory", e))?;
+            containerd_shim::mount::mount_rootfs(
+                Some(&m.type_),
+                Some(&m.source),
+                &m.options,
+                &rootfs,
+            )
+            .map_err(|e| {
+                container.undo(node);
+                TaskError::Runc {
+                    what: "mount the rootfs",
+                    why: e.to_string(),
+                }
+            })?;
+            container.mounted_rootfs = true;
+        }
+        container.vgpu = match node.prepare(&bundle) {
+            Ok(vgpu) => vgpu,
+            Err(why) => {
+                container.undo(node);
+                return Err(TaskError::Vgpu(why));
+            }
+        };
+        if let Err(e) = container.runc_create() {
+            container.undo(node);
+            return Err(e);
+        }
+        if let Some(vgpu) = container.vgpu.clone() {
+            if let Err(why) = node.attach(&vgpu, &container.id, container.init.pid) {
+                let _ = container
+                    .runc
+                    .delete(&container.id, Some(&DeleteOpts::new().force(true)));
+                container.undo(node);
+                return Err(TaskError::Vgpu(why));
+            }
+        }
+        Ok(container)
+    }
+
+    fn runc_create(&mut self) -> Result<(), TaskError> {
+        let pid_path = self.bundle.join("init.pid");
+        let paths = self.init.stdio.clone();
+        let mut opts = CreateOpts::new()
+            .pid_file(&pid_path)
+            .no_pivot(self.options.no_pivot_root)
+            .no_new_keyring(self.options.no_new_keyring);
+        let (console, shim_ends) = if paths.terminal {
+            let socket =
+                ConsoleSocket::new().map_err(|e| TaskError::io("make a console socket", e))?;
+            opts = opts.console_socket(socket.path()).io(stdio::nothing());
+            (Some(socket), None)
+        } else {
+            let (ends, shim) = stdio::pipes(&paths, self.options.io_uid, self.options.io_gid)
+                .map_err(|e| TaskError::io("make the stdio pipes", e))?;
+            opts = opts.io(ends);
+            (None, Some(shim))
+        };
+        self.runc
+            .create(&self.id, &self.bundle, Some(&opts))
+            .map_err(|e| TaskError::Runc {
+                what: "create the container",
+                why: runc_failure(&self.bundle, &e),
+            })?;
+        self.init.pid = pid_file(&pid_path)?;
+        self.init.io = Some(match (console, shim_ends) {
+            (Some(socket), _) => {
+                let master = socket
+                    .receive()
+                    .map_err(|e| TaskError::io("receive the terminal", e))?;
+                ProcessIo::copy_console(&paths, master)
+                    .map_err(|e| TaskError::io("copy the terminal", e))?
+            }
+            (None, Some(shim)) => ProcessIo::copy_pipes(&paths, shim),
+            (None, None) => ProcessIo::default(),
+        });
+        Ok(())
+    }
+
+    /// Undoes a failed create: the vGPU, the rootfs mount.
+    fn undo(&mut self, node: &NodeLink) {
+        if let Some(vgpu) = self.vgpu.take() {
+            node.release(&vgpu);
+        }
+        self.unmount();
+    }
+
+    fn unmount(&mut self) {
+        if std::mem::take(&mut self.mounted_rootfs) {
+            let rootfs = self.bundle.join("rootfs");
+            let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
+        }
+    }
+
+    /// A process by exec id (empty: init).
+    pub fn process(&self, exec_id: &str) -> Result<&Process, TaskError> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs
+            .get(exec_id)
+            .ok_or_else(|| TaskError::NotFound(format!("exec {exec_id} of {}", self.id)))
+    }
+
+    fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process, TaskError> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        let id = self.id.clone();
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| TaskError::NotFound(format!("exec {exec_id} of {id}")))
+    }
+
+    /// `Start`: init (`runc start`) or an exec (`runc exec --detach`); its pid.
+    pub fn start(&mut self, exec_id: &str) -> Result<u32, TaskError> {
+        if exec_id.is_empty() {
+            if self.init.lifecycle.get() != Lifecycle::Created {
+                return Err(TaskError::Precondition(format!(
+                    "{} is not in the created state",
+                    self.id
+                )));
+            }
+            self.runc.start(&self.id).map_err(|e| TaskError::Runc {
+                what: "start the container",
+                why: runc_failure(&self.bundle, &e),
+            })?;
+            self.init.lifecycle.set(Lifecycle::Running);
+            return Ok(self.init.pid);
+        }
+        if !matches!(self.init.lifecycle.get(), Lifecycle::Running) {
+            return Err(TaskError::Precondition(format!(
+                "{} is not running; cannot start exec {exec_id}",
+                self.id
+            )));
+        }
+        let (id, bundle) = (self.id.clone(), self.bundle.clone());
+        let (uid, gid) = (self.options.io_uid, self.options.io_gid);
+        let runc = self.runc.clone();
+        let exec = self.process_mut(exec_id)?;
+        let spec = exec.spec.clone().ok_or_else(|| {
+            TaskError::Precondition(format!("exec {exec_id} was started already"))
+        })?;
+        let pid_path = bundle.join(format!("exec-{exec_id}.pid"));
+        let paths = exec.stdio.clone();
+        let mut opts = ExecOpts::new().pid_file(&pid_path).detach(true);
+        let (console, shim_ends) = if paths.terminal {
+            let socket =
+                ConsoleSocket::new().map_err(|e| TaskError::io("make a console socket", e))?;
+            opts = opts.console_socket(socket.path()).io(stdio::nothing());
+            (Some(socket), None)
+        } else {
+            let (ends, shim) = stdio::pipes(&paths, uid, gid)
+                .map_err(|e| TaskError::io("make the stdio pipes", e))?;
+            opts = opts.io(ends);
+            (None, Some(shim))
+        };
+        runc.exec(&id, &spec, Some(&opts))
+            .map_err(|e| TaskError::Runc {
+                what: "exec in the container",
+                why: runc_failure(&bundle, &e),
+            })?;
+        exec.spec = None;
+        exec.pid = pid_file(&pid_path)?;
+        let _ = std::fs::remove_file(&pid_path);
+        exec.io = Some(match (console, shim_ends) {
+            (Some(socket), _) => {
+                let master = socket
+                    .receive()
+                    .map_err(|e| TaskError::io("receive the terminal", e))?;
+                ProcessIo::copy_console(&paths, master)
+                    .map_err(|e| TaskError::io("copy the terminal", e))?
+            }
+            (None, Some(shim)) => ProcessIo::copy_pipes(&paths, shim),
+            (None, None) => ProcessIo::default(),
+        });
+        exec.lifecycle.set(Lifecycle::Running);
+        Ok(exec.pid)
+    }
+
+    /// `Kill`.
+    pub fn kill(&self, exec_id: &str, signal: u32, all: bool) -> Result<(), TaskError> {
+        let process = self.process(exec_id)?;
+        if let Lifecycle::Stopped { .. } = process.lifecycle.get() {
+            return Err(TaskError::NotFound(format!(
+                "process {} already finished",
+                self.name(exec_id)
+            )));
+        }
+        if exec_id.is_empty() {
+            return self
+                .runc
+                .kill(&self.id, signal, Some(&KillOpts::new().all(all)))
+                .map_err(|e| TaskError::Runc {
+                    what: "kill the container",
+                    why: runc_failure(&self.bundle, &e),
+                });
+        }
+        if process.pid == 0 {
+            return Err(TaskError::Precondition(format!(
+                "exec {exec_id} has not started"
+            )));
+        }
+        let signal = nix::sys::signal::Signal::try_from(signal as i32)
+            .map_err(|_| TaskError::Invalid(format!("{signal} is not a signal")))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(process.pid as i32), signal)
+            .map_err(|e| TaskError::NotFound(format!("process {}: {e}", self.name(exec_id))))
+    }
+
+    fn name(&self, exec_id: &str) -> String {
+        if exec_id.is_empty() {
+            self.id.clone()
+        } else {
+            format!("{}/{exec_id}", self.id)
+        }
+    }
+
+    /// `Pause` and `Resume`.
+    pub fn set_paused(&self, paused: bool) -> Result<(), TaskError> {
+        let (result, state, what) = if paused {
+            (
+                self.runc.pause(&self.id),
+                Lifecycle::Paused,
+                "pause the container",
+            )
+        } else {
+            (
+                self.runc.resume(&self.id),
+                Lifecycle::Running,
+                "resume the container",
+            )
+        };
+        result.map_err(|e| TaskError::Runc {
+            what,
+            why: runc_failure(&self.bundle, &e),
+        })?;
+        self.init.lifecycle.set(state);
+        Ok(())
+    }
+
+    /// The pids of the container's processes (`runc ps`).
+    pub fn pids(&self) -> Result<Vec<u32>, TaskError> {
+        let pids = self.runc.ps(&self.id).map_err(|e| TaskError::Runc {
+            what: "list the container's processes",
+            why: runc_failure(&self.bundle, &e),
+        })?;
+        Ok(pids.into_iter().map(|p| p as u32).collect())
+    }
+
+    /// `Update`: new resources through `runc update`.
+    pub fn update(&self, resources: &oci_spec::runtime::LinuxResources) -> Result<(), TaskError> {
+        self.runc
+            .update(&self.id, resources)
+            .map_err(|e| TaskError::Runc {
+                what: "update the container",
+                why: runc_failure(&self.bundle, &e),
+            })
+    }
+
+    /// `Delete` of init: `runc delete`, the rootfs unmounted, the vGPU released. Its exit.
+    pub fn delete(&mut self, node: &NodeLink) -> (u32, SystemTime) {
+        let _ = self
+            .runc
+            .delete(&self.id, Some(&DeleteOpts::new().force(true)));
+        if let Some(io) = &self.init.io {
+            io.close_stdin();
+        }
+        self.unmount();
+        if self.vgpu.take().is_some() {
+            node.release(&self.id);
+        }
+        match self.init.lifecycle.get() {
+            Lifecycle::Stopped { status, at } => (status, at),
+            _ => (137, SystemTime::now()),
+        }
+    }
+}
+
+/// The runtime options, in the bundle as containerd's runc shim keeps them (`options.json`),
+/// for the `delete` action after a crash.
+fn write_runc_options(bundle: &Path, options: &RuntimeOptions) {
+    let proto = RuncV1Options {
+        binary_name: options.binary_name.clone(),
+        root: options.root.clone(),
+        systemd_cgroup: options.systemd_cgroup,
+        ..Default::default()
+    };
+    if let Some(bundle) = bundle.to_str() {
+        let _ = containerd_shim::util::write_options(bundle, &proto);
+    }
+}

@@ -1,0 +1,134 @@
+//! The shim's daemon: the process `start` spawns, serving the task API on its socket until
+//! containerd shuts it down.
+//!
+//! `containerd_shim::run` serves only `containerd.task.v3.Task` (containerd 2.x); containerd
+//! 1.6 and 1.7 call `containerd.task.v2.Task`, whose messages are the same. So the daemon is
+//! started here, serving the one task service under both names; `start` and `delete` stay
+//! with `containerd_shim::run`.
+
+use std::collections::HashMap;
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::Arc;
+
+use containerd_shim::monitor::monitor_notify_by_pid;
+use containerd_shim::protos::shim_sync::create_task;
+use containerd_shim::protos::ttrpc::{self, Server};
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{Config, Flags, Shim};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGCHLD, SIGINT, SIGPIPE, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use super::shim::GpuplexShim;
+
+/// The task API's service names: containerd 2.x's, and 1.6's and 1.7's.
+const TASK_V3: &str = "/containerd.task.v3.Task/";
+const TASK_V2: &str = "/containerd.task.v2.Task/";
+
+/// Serves the task API on `flags.socket` until containerd shuts the shim down.
+pub fn serve(flags: &Flags) -> Result<(), String> {
+    // Before any child exists: every exit reaches the monitor.
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGPIPE, SIGCHLD])
+        .map_err(|e| format!("cannot watch signals: {e}"))?;
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "cannot become a subreaper: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let _ = containerd_shim::logger::init(flags.debug, "info", &flags.namespace, &flags.id);
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            if signal == SIGCHLD {
+                reap();
+            }
+        }
+    });
+
+    let ttrpc_address =
+        std::env::var("TTRPC_ADDRESS").map_err(|_| "TTRPC_ADDRESS is not set".to_owned())?;
+    let publisher = RemotePublisher::new(&ttrpc_address)
+        .map_err(|e| format!("cannot reach containerd at {ttrpc_address}: {e}"))?;
+    let mut shim = GpuplexShim::new(super::RUNTIME_ID, flags, &mut Config::default());
+    let task: Arc<dyn containerd_shim::Task + Send + Sync> =
+        Arc::new(shim.create_task_service(publisher));
+    let mut methods: HashMap<String, Box<dyn ttrpc::MethodHandler + Send + Sync>> = HashMap::new();
+    for (name, handler) in create_task(Arc::clone(&task)) {
+        methods.insert(name.replacen(TASK_V3, TASK_V2, 1), handler);
+    }
+    methods.extend(create_task(task));
+
+    let path = flags
+        .socket
+        .strip_prefix("unix://")
+        .unwrap_or(&flags.socket);
+    let listener = match listen(path)? {
+        Some(listener) => listener,
+        // Another daemon of this group serves the socket already.
+        None => {
+            started();
+            return Ok(());
+        }
+    };
+    let mut server = Server::new()
+        .add_listener(listener.into_raw_fd())
+        .map_err(|e| format!("cannot serve {path}: {e}"))?
+        .register_service(methods);
+    server
+        .start()
+        .map_err(|e| format!("cannot serve {path}: {e}"))?;
+    started();
+    shim.wait();
+    server.shutdown();
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// Binds the socket; `None` when a live server holds it, a stale socket file is replaced.
+fn listen(path: &str) -> Result<Option<UnixListener>, String> {
+    if let Some(parent) = Path::new(path).parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    match UnixListener::bind(path) {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Ok(None);
+            }
+            let _ = std::fs::remove_file(path);
+            UnixListener::bind(path)
+                .map(Some)
+                .map_err(|e| format!("cannot listen on {path}: {e}"))
+        }
+        Err(e) => Err(format!("cannot listen on {path}: {e}")),
+    }
+}
+
+/// Tells `start` (which reads this process's stdout to its end) that the socket is served.
+fn started() {
+    // SAFETY: dup2 on the process's own standard descriptors.
+    unsafe {
+        libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO);
+    }
+}
+
+/// Reaps every exited child and tells the exit monitor.
+fn reap() {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => {
+                let _ = monitor_notify_by_pid(pid.as_raw(), code);
+            }
+            Ok(WaitStatus::Signaled(pid, signal, _)) => {
+                let _ = monitor_notify_by_pid(pid.as_raw(), 128 + signal as i32);
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}

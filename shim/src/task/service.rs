@@ -1,0 +1,505 @@
+//! The task API containerd calls (`containerd.task.v2.Task`), over the shim's containers.
+//!
+//! One lock holds the containers; a request holds it for its whole runc call, so that an exit
+//! reaped meanwhile is matched to its process only after that process is on record (the exit
+//! thread waits for the lock). Events leave in the order they happen ([`EventSink`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use containerd_shim::api::{
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest,
+    PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse,
+    StateRequest, StateResponse, StatsRequest, StatsResponse, UpdateTaskRequest, WaitRequest,
+    WaitResponse,
+};
+use containerd_shim::monitor::{monitor_subscribe, Subject, Topic};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
+};
+use containerd_shim::protos::protobuf::well_known_types::empty::Empty;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::protos::shim::oci::ProcessDetails;
+use containerd_shim::protos::topics;
+use containerd_shim::protos::ttrpc;
+use containerd_shim::protos::types::task::ProcessInfo;
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{ExitSignal, Task, TtrpcContext};
+
+use super::container::Container;
+use super::error::TaskError;
+use super::events::{timestamp, EventSink};
+use super::options::RuntimeOptions;
+use super::process::{Lifecycle, Process};
+use super::stdio::StdioPaths;
+use super::vgpu::NodeLink;
+
+type TtrpcResult<T> = ttrpc::Result<T>;
+
+/// The shim's containers and what the requests share.
+struct Shared {
+    containers: Mutex<HashMap<String, Container>>,
+    events: EventSink,
+    namespace: String,
+    node: Result<NodeLink, String>,
+    exit: Arc<ExitSignal>,
+}
+
+/// containerd's task service, for this shim's containers.
+#[derive(Clone)]
+pub struct TaskService {
+    shared: Arc<Shared>,
+}
+
+impl TaskService {
+    /// The service, publishing to `publisher` under `namespace`; `exit` is signalled when the
+    /// last container is gone and containerd asks the shim to shut down.
+    pub fn new(publisher: RemotePublisher, namespace: &str, exit: Arc<ExitSignal>) -> TaskService {
+        let shared = Arc::new(Shared {
+            containers: Mutex::new(HashMap::new()),
+            events: EventSink::new(publisher, namespace.to_owned()),
+            namespace: namespace.to_owned(),
+            node: NodeLink::from_env(),
+            exit,
+        });
+        let service = TaskService { shared };
+        service.watch_exits();
+        service
+    }
+
+    fn containers(&self) -> MutexGuard<'_, HashMap<String, Container>> {
+        self.shared
+            .containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Matches every reaped child to its process and publishes its exit.
+    fn watch_exits(&self) {
+        let Ok(subscription) = monitor_subscribe(Topic::Pid) else {
+            log::error!("cannot watch for exits");
+            return;
+        };
+        let service = self.clone();
+        std::thread::spawn(move || {
+            for event in subscription.rx.iter() {
+                if let Subject::Pid(pid) = event.subject {
+                    service.exited(pid, event.exit_code);
+                }
+            }
+        });
+    }
+
+    fn exited(&self, pid: i32, code: i32) {
+        if pid <= 0 {
+            return;
+        }
+        let containers = self.containers();
+        for c in containers.values() {
+            let mut processes = std::iter::once(&c.init).chain(c.execs.values());
+            let Some(p) = processes.find(|p| p.pid == pid as u32) else {
+                continue;
+            };
+            let at = SystemTime::now();
+            let status = code as u32;
+            p.lifecycle.set(Lifecycle::Stopped { status, at });
+            let id = if p.exec_id.is_empty() {
+                c.id.clone()
+            } else {
+                p.exec_id.clone()
+            };
+            let event = TaskExit {
+                container_id: c.id.clone(),
+                id,
+                pid: p.pid,
+                exit_status: status,
+                exited_at: MessageField::some(timestamp(at)),
+                ..Default::default()
+            };
+            self.shared
+                .events
+                .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
+            return;
+        }
+    }
+
+    fn node(&self) -> Result<&NodeLink, TaskError> {
+        self.shared
+            .node
+            .as_ref()
+            .map_err(|why| TaskError::Vgpu(why.clone()))
+    }
+
+    fn with<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Container) -> Result<T, TaskError>,
+    ) -> Result<T, TaskError> {
+        let mut containers = self.containers();
+        let c = containers
+            .get_mut(id)
+            .ok_or_else(|| TaskError::NotFound(format!("container {id}")))?;
+        f(c)
+    }
+
+    fn do_create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse, TaskError> {
+        let options = match req.options.as_ref() {
+            Some(any) => RuntimeOptions::decode(any)?,
+            None => RuntimeOptions::default(),
+        };
+        if !req.checkpoint.is_empty() {
+            return Err(TaskError::Invalid(
+                "gpuplex's shim does not restore checkpoints".into(),
+            ));
+        }
+        let mut containers = self.containers();
+        if containers.contains_key(&req.id) {
+            return Err(TaskError::Precondition(format!(
+                "container {} already exists",
+                req.id
+            )));
+        }
+        let namespace = &self.shared.namespace;
+        let container = Container::create(&req, options, namespace, self.node()?)?;
+        let pid = container.init.pid;
+        containers.insert(req.id.clone(), container);
+        let event = TaskCreate {
+            container_id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            rootfs: req.rootfs.clone(),
+            io: MessageField::some(TaskIO {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+                ..Default::default()
+            }),
+            checkpoint: req.checkpoint.clone(),
+            pid,
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_CREATE_EVENT_TOPIC, Box::new(event));
+        Ok(CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    fn do_delete(&self, req: DeleteRequest) -> Result<DeleteResponse, TaskError> {
+        let mut containers = self.containers();
+        let c = containers
+            .get_mut(&req.id)
+            .ok_or_else(|| TaskError::NotFound(format!("container {}", req.id)))?;
+        if !req.exec_id.is_empty() {
+            let exec = c.process(&req.exec_id)?;
+            if exec.lifecycle.get() == Lifecycle::Running {
+                return Err(TaskError::Precondition(format!(
+                    "exec {} is running",
+                    req.exec_id
+                )));
+            }
+            let exec = c.execs.remove(&req.exec_id).expect("checked above");
+            let (status, at) = match exec.lifecycle.get() {
+                Lifecycle::Stopped { status, at } => (status, at),
+                _ => (0, SystemTime::now()),
+            };
+            return Ok(DeleteResponse {
+                pid: exec.pid,
+                exit_status: status,
+                exited_at: MessageField::some(timestamp(at)),
+                ..Default::default()
+            });
+        }
+        let (status, at) = c.delete(self.node()?);
+        let pid = c.init.pid;
+        containers.remove(&req.id);
+        let event = TaskDelete {
+            container_id: req.id.clone(),
+            pid,
+            exit_status: status,
+            exited_at: MessageField::some(timestamp(at)),
+            id: req.id.clone(),
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_DELETE_EVENT_TOPIC, Box::new(event));
+        Ok(DeleteResponse {
+            pid,
+            exit_status: status,
+            exited_at: MessageField::some(timestamp(at)),
+            ..Default::default()
+        })
+    }
+
+    fn do_state(&self, req: StateRequest) -> Result<StateResponse, TaskError> {
+        self.with(&req.id, |c| {
+            let p: &Process = c.process(&req.exec_id)?;
+            let state = p.lifecycle.get();
+            let (exit_status, exited_at) = match state {
+                Lifecycle::Stopped { status, at } => (status, MessageField::some(timestamp(at))),
+                _ => (0, MessageField::none()),
+            };
+            Ok(StateResponse {
+                id: req.id.clone(),
+                bundle: c.bundle.display().to_string(),
+                pid: p.pid,
+                status: state.status().into(),
+                stdin: p.stdio.stdin.clone(),
+                stdout: p.stdio.stdout.clone(),
+                stderr: p.stdio.stderr.clone(),
+                terminal: p.stdio.terminal,
+                exit_status,
+                exited_at,
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn do_exec(&self, req: ExecProcessRequest) -> Result<(), TaskError> {
+        let spec = req.spec.as_ref().ok_or_else(|| {
+            TaskError::Invalid(format!("exec {} has no process spec", req.exec_id))
+        })?;
+        let spec: oci_spec::runtime::Process =
+            serde_json::from_slice(&spec.value).map_err(|e| {
+                TaskError::Invalid(format!(
+                    "exec {}: the process spec is not valid: {e}",
+                    req.exec_id
+                ))
+            })?;
+        self.with(&req.id, |c| {
+            if c.execs.contains_key(&req.exec_id) {
+                return Err(TaskError::Precondition(format!(
+                    "exec {} already exists",
+                    req.exec_id
+                )));
+            }
+            let stdio = StdioPaths {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            };
+            let mut process = Process::new(&req.exec_id, stdio);
+            process.spec = Some(spec);
+            c.execs.insert(req.exec_id.clone(), process);
+            Ok(())
+        })?;
+        let event = TaskExecAdded {
+            container_id: req.id.clone(),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_EXEC_ADDED_EVENT_TOPIC, Box::new(event));
+        Ok(())
+    }
+
+    fn do_pids(&self, req: PidsRequest) -> Result<PidsResponse, TaskError> {
+        self.with(&req.id, |c| {
+            let execs: HashMap<u32, String> = c
+                .execs
+                .values()
+                .map(|p| (p.pid, p.exec_id.clone()))
+                .collect();
+            let mut processes = Vec::new();
+            for pid in c.pids()? {
+                let mut info = ProcessInfo {
+                    pid,
+                    ..Default::default()
+                };
+                if let Some(exec_id) = execs.get(&pid) {
+                    let details = ProcessDetails {
+                        exec_id: exec_id.clone(),
+                        ..Default::default()
+                    };
+                    if let Ok(any) = containerd_shim::util::convert_to_any(Box::new(details)) {
+                        info.info = MessageField::some(any);
+                    }
+                }
+                processes.push(info);
+            }
+            Ok(PidsResponse {
+                processes,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn do_wait(&self, req: WaitRequest) -> Result<WaitResponse, TaskError> {
+        let lifecycle = self.with(&req.id, |c| {
+            Ok(Arc::clone(&c.process(&req.exec_id)?.lifecycle))
+        })?;
+        let (status, at) = lifecycle.wait_exit();
+        Ok(WaitResponse {
+            exit_status: status,
+            exited_at: MessageField::some(timestamp(at)),
+            ..Default::default()
+        })
+    }
+
+    fn do_update(&self, req: UpdateTaskRequest) -> Result<(), TaskError> {
+        let resources = req
+            .resources
+            .as_ref()
+            .ok_or_else(|| TaskError::Invalid("update without resources".into()))?;
+        let resources: oci_spec::runtime::LinuxResources = serde_json::from_slice(&resources.value)
+            .map_err(|e| TaskError::Invalid(format!("the resources are not valid: {e}")))?;
+        self.with(&req.id, |c| c.update(&resources))
+    }
+
+    fn do_stats(&self, req: StatsRequest) -> Result<StatsResponse, TaskError> {
+        let pid = self.with(&req.id, |c| Ok(c.init.pid))?;
+        let cgroup = containerd_shim::cgroup::get_cgroup(pid)
+            .map_err(|e| TaskError::Precondition(format!("the cgroup of {}: {e}", req.id)))?;
+        let metrics = containerd_shim::cgroup::collect_metrics(&cgroup)
+            .map_err(|e| TaskError::Precondition(format!("the metrics of {}: {e}", req.id)))?;
+        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
+            .map_err(|e| TaskError::Invalid(e.to_string()))?;
+        Ok(StatsResponse {
+            stats: MessageField::some(any),
+            ..Default::default()
+        })
+    }
+}
+
+impl Task for TaskService {
+    fn state(&self, _: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        Ok(self.do_state(req)?)
+    }
+
+    fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> TtrpcResult<CreateTaskResponse> {
+        Ok(self.do_create(req)?)
+    }
+
+    fn start(&self, _: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let pid = self.with(&req.id, |c| {
+            let pid = c.start(&req.exec_id)?;
+            if req.exec_id.is_empty() {
+                let event = TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                };
+                self.shared
+                    .events
+                    .send(topics::TASK_START_EVENT_TOPIC, Box::new(event));
+            } else {
+                let event = TaskExecStarted {
+                    container_id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                    pid,
+                    ..Default::default()
+                };
+                self.shared
+                    .events
+                    .send(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(event));
+            }
+            Ok(pid)
+        })?;
+        Ok(StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        Ok(self.do_delete(req)?)
+    }
+
+    fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        Ok(self.do_pids(req)?)
+    }
+
+    fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |c| c.set_paused(true))?;
+        let event = TaskPaused {
+            container_id: req.id.clone(),
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(event));
+        Ok(Empty::new())
+    }
+
+    fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |c| c.set_paused(false))?;
+        let event = TaskResumed {
+            container_id: req.id.clone(),
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(event));
+        Ok(Empty::new())
+    }
+
+    fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |c| c.kill(&req.exec_id, req.signal, req.all))?;
+        Ok(Empty::new())
+    }
+
+    fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.do_exec(req)?;
+        Ok(Empty::new())
+    }
+
+    fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |c| {
+            let p = c.process(&req.exec_id)?;
+            let io =
+                p.io.as_ref()
+                    .ok_or_else(|| TaskError::Precondition("the process has not started".into()))?;
+            io.resize(req.width, req.height)
+                .map_err(|e| TaskError::io("resize the terminal", e))
+        })?;
+        Ok(Empty::new())
+    }
+
+    fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        self.with(&req.id, |c| {
+            if let (true, Some(io)) = (req.stdin, c.process(&req.exec_id)?.io.as_ref()) {
+                io.close_stdin();
+            }
+            Ok(())
+        })?;
+        Ok(Empty::new())
+    }
+
+    fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        self.do_update(req)?;
+        Ok(Empty::new())
+    }
+
+    fn wait(&self, _: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        Ok(self.do_wait(req)?)
+    }
+
+    fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        Ok(self.do_stats(req)?)
+    }
+
+    fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> TtrpcResult<ConnectResponse> {
+        let task_pid = self.with(&req.id, |c| Ok(c.init.pid)).unwrap_or(0);
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            ..Default::default()
+        })
+    }
+
+    fn shutdown(&self, _: &TtrpcContext, _: ShutdownRequest) -> TtrpcResult<Empty> {
+        if self.containers().is_empty() {
+            self.shared.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+}

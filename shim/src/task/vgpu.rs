@@ -1,0 +1,137 @@
+//! The shim's side of a container's vGPU: reserve and edit the spec before `runc create` (the
+//! same function podman's precreate hook runs), attach the container once it has a pid,
+//! release it at delete. The node service is started, as a daemon of this binary, the first
+//! time a container needs it and it is not running.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuplex_hook::client::{config_path, NodeClient, CONFIG_ENV};
+use gpuplex_hook::identity;
+use gpuplex_hook::stages::{self, HookContext};
+use gpuplex_scheduler::request::VGPU_ID;
+use serde_json::{json, Value};
+
+/// How long a node service started by the shim has to answer.
+const SERVICE_START: Duration = Duration::from_secs(5);
+
+/// Where the node service is, and what this shim tells it.
+#[derive(Debug)]
+pub struct NodeLink {
+    ctx: HookContext,
+    config: PathBuf,
+    named: bool,
+}
+
+impl NodeLink {
+    /// From gpuplex's configuration: `$GPUPLEX_CONFIG`, else `/etc/gpuplex/gpuplex.toml`
+    /// (which may be absent).
+    pub fn from_env() -> Result<NodeLink, String> {
+        let env = std::env::var_os(CONFIG_ENV);
+        let (config, named) = config_path(None, env.as_deref());
+        let mut ctx = HookContext::from_config("create", named.then_some(config.as_path()))
+            .map_err(|e| e.message)?;
+        // The shim attaches and releases the container itself: no hook in the spec.
+        ctx.hook = None;
+        Ok(NodeLink { ctx, config, named })
+    }
+
+    /// If `bundle`'s config.json asks for a vGPU: reserves one, edits config.json in place and
+    /// returns the vGPU's id. A config without a `gpuplex.io/` annotation is not touched.
+    pub fn prepare(&self, bundle: &Path) -> Result<Option<String>, String> {
+        let path = bundle.join("config.json");
+        let proposed =
+            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if !stages::concerns_gpuplex("precreate", &proposed) {
+            return Ok(None);
+        }
+        self.ensure_service()?;
+        let edited = stages::precreate(&self.ctx, &proposed).map_err(|e| e.message)?;
+        let vgpu = serde_json::from_slice::<Value>(&edited)
+            .ok()
+            .and_then(|c| c["annotations"][VGPU_ID].as_str().map(str::to_owned))
+            .ok_or_else(|| "the edited spec has no vGPU id".to_owned())?;
+        let temp = bundle.join(".config.json.gpuplex");
+        let written = std::fs::write(&temp, &edited).and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            self.release(&vgpu);
+            return Err(format!("cannot write {}: {e}", path.display()));
+        }
+        Ok(Some(vgpu))
+    }
+
+    /// Attaches container `id`, whose init is `pid`, to its reservation `vgpu`.
+    pub fn attach(&self, vgpu: &str, id: &str, pid: u32) -> Result<(), String> {
+        let mut client = NodeClient::connect(&self.ctx.socket).map_err(|e| e.to_string())?;
+        client
+            .request(&json!({"op": "attach", "vgpu": vgpu, "container": id, "pid": pid}))
+            .map(drop)
+            .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))
+    }
+
+    /// Releases the vGPU of `key` (a container or vGPU id); best effort: the service also
+    /// releases a container whose processes are gone.
+    pub fn release(&self, key: &str) {
+        let Ok(mut client) = NodeClient::connect(&self.ctx.socket) else {
+            return;
+        };
+        if let Ok(Some(vgpu)) = client.release(key) {
+            let _ = identity::remove(&self.ctx.identity_dir, &vgpu.id);
+        }
+    }
+
+    /// Connects, or starts `containerd-shim-gpuplex-v1 serve` and waits for it to answer.
+    fn ensure_service(&self) -> Result<(), String> {
+        if NodeClient::connect(&self.ctx.socket).is_ok() {
+            return Ok(());
+        }
+        let dir = self
+            .ctx
+            .socket
+            .parent()
+            .unwrap_or(Path::new("/run/gpuplex"));
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let log_path = dir.join("service.log");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+        let mut command = Command::new(exe);
+        command.arg("serve");
+        if self.named {
+            command.arg("--config").arg(&self.config);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .process_group(0);
+        command
+            .spawn()
+            .map_err(|e| format!("cannot start the gpuplex node service: {e}"))?;
+        let deadline = Instant::now() + SERVICE_START;
+        while Instant::now() < deadline {
+            if NodeClient::connect(&self.ctx.socket).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let last = std::fs::read_to_string(&log_path)
+            .ok()
+            .and_then(|t| t.lines().last().map(str::to_owned))
+            .unwrap_or_default();
+        Err(format!(
+            "the gpuplex node service did not come up on {} within {}s (its log, {}, ends: {last:?}); start it with `systemctl start gpuplex`",
+            self.ctx.socket.display(),
+            SERVICE_START.as_secs(),
+            log_path.display()
+        ))
+    }
+}
