@@ -6,6 +6,8 @@
 //! The binaries are found beside the test executable's directory (`target/<profile>/`), where
 //! `cargo test --workspace` builds them; a missing one fails the test with what to run.
 
+pub mod containerd;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuplex_hook::client::{config_path, NodeClient, CONFIG_ENV};
-use gpuplex_hook::identity;
+use gpuplex_hook::identity::{self, Identity};
 use gpuplex_hook::stages::{self, HookContext};
 use gpuplex_scheduler::request::VGPU_ID;
 use serde_json::{json, Value};
@@ -67,10 +67,14 @@ impl NodeLink {
     /// Attaches container `id`, whose init is `pid`, to its reservation `vgpu`.
     pub fn attach(&self, vgpu: &str, id: &str, pid: u32) -> Result<(), String> {
         let mut client = NodeClient::connect(&self.ctx.socket).map_err(|e| e.to_string())?;
-        client
+        let reply = client
             .request(&json!({"op": "attach", "vgpu": vgpu, "container": id, "pid": pid}))
-            .map(drop)
-            .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))
+            .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))?;
+        // The identity now names its container, as under podman.
+        if let Some(v) = reply.vgpu {
+            let _ = identity::write(&self.ctx.identity_dir, &Identity::of(&v, &self.ctx.node));
+        }
+        Ok(())
     }
 
     /// Releases the vGPU of `key` (a container or vGPU id); best effort: the service also
