@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use containerd_shim::api::CreateTaskRequest;
 use containerd_shim::protos::shim::oci::Options as RuncV1Options;
@@ -15,6 +15,7 @@ use super::process::{Lifecycle, Process};
 use super::spawner::ReapedSpawner;
 use super::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
 use super::vgpu::NodeLink;
+use crate::cgroup::{FreezerCgroup, Hierarchies};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
 #[derive(Debug)]
@@ -246,6 +247,7 @@ impl Container {
         let (id, bundle) = (self.id.clone(), self.bundle.clone());
         let (uid, gid) = (self.options.io_uid, self.options.io_gid);
         let runc = self.runc.clone();
+        let freezer = self.scheduler_freezer();
         let exec = self.process_mut(exec_id)?;
         let spec = exec.spec.clone().ok_or_else(|| {
             TaskError::Precondition(format!("exec {exec_id} was started already"))
@@ -264,11 +266,27 @@ impl Container {
             opts = opts.io(ends);
             (None, Some(shim))
         };
-        runc.exec(&id, &spec, Some(&opts))
-            .map_err(|e| TaskError::Runc {
-                what: "exec in the container",
-                why: runc_failure(&bundle, &e),
-            })?;
+        // runc refuses to exec in a frozen container; a container with a vGPU is frozen by the
+        // scheduler between its windows, and the exec waits for its next one.
+        let deadline = Instant::now() + EXEC_WINDOW_WAIT;
+        loop {
+            if let Some(freezer) = &freezer {
+                wait_thawed(freezer, deadline, &id)?;
+            }
+            match runc.exec(&id, &spec, Some(&opts)) {
+                Ok(()) => break,
+                Err(e) => {
+                    let why = runc_failure(&bundle, &e);
+                    let frozen_meanwhile = freezer.is_some() && why.contains("paused container");
+                    if !frozen_meanwhile || Instant::now() > deadline {
+                        return Err(TaskError::Runc {
+                            what: "exec in the container",
+                            why,
+                        });
+                    }
+                }
+            }
+        }
         exec.spec = None;
         exec.pid = pid_file(&pid_path)?;
         let _ = std::fs::remove_file(&pid_path);
@@ -285,6 +303,17 @@ impl Container {
         });
         exec.lifecycle.set(Lifecycle::Running);
         Ok(exec.pid)
+    }
+
+    /// The freezer the node service freezes this container with between its windows: for a
+    /// container with a vGPU that the user has not paused.
+    fn scheduler_freezer(&self) -> Option<FreezerCgroup> {
+        self.vgpu.as_ref()?;
+        if self.init.lifecycle.get() == Lifecycle::Paused {
+            return None;
+        }
+        let hierarchies = Hierarchies::of_this_machine().ok()?;
+        FreezerCgroup::of_pid(self.init.pid, &hierarchies).ok()
     }
 
     /// `Kill`.
@@ -383,6 +412,24 @@ impl Container {
             _ => (137, SystemTime::now()),
         }
     }
+}
+
+/// How long an exec waits for its container's window; a window comes round within one round of
+/// its GPU's windows, far less than this.
+const EXEC_WINDOW_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until `freezer` is thawed, or fails at `deadline`.
+fn wait_thawed(freezer: &FreezerCgroup, deadline: Instant, id: &str) -> Result<(), TaskError> {
+    while freezer.is_frozen().unwrap_or(false) {
+        if Instant::now() > deadline {
+            return Err(TaskError::Precondition(format!(
+                "{id} waited {}s for a window of its GPU in vain; see `gpuplexctl status`",
+                EXEC_WINDOW_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
 }
 
 /// The runtime options, in the bundle as containerd's runc shim keeps them (`options.json`),
