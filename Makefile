@@ -59,7 +59,8 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The node service's benchmark compares a window switch with `runc pause` + `runc resume`; the
-# hook's, container starts with and without it (hyperfine).
+# hook's, container starts with and without it; the containerd shim's, `ctr run` through it and
+# through containerd's runc shim (hyperfine).
 bench-deps: test-deps
 	@command -v hyperfine >/dev/null || \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends hyperfine
@@ -69,6 +70,7 @@ bench: bench-deps
 	$(CARGO) bench -p gpuplex-shim --bench node_service
 	$(CARGO) build --release --workspace --locked
 	bash tests/bench_hook.sh
+	bash tests/bench_shim.sh
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
