@@ -35,6 +35,9 @@ pub struct Container {
     pub vgpu: Option<String>,
     /// Whether the shim mounted its rootfs (and so unmounts it).
     mounted_rootfs: bool,
+    /// The `CUDA_VISIBLE_DEVICES=...` entry its vGPU gave its init, which its execs get too
+    /// (containerd builds an exec's process from the spec it stored, before the edit).
+    visible_devices: Option<String>,
 }
 
 /// runc with the shim's reaper, its log in the bundle, as `options` say.
@@ -105,6 +108,7 @@ impl Container {
             execs: HashMap::new(),
             vgpu: None,
             mounted_rootfs: false,
+            visible_devices: None,
         };
         write_runc_options(&bundle, &container.options);
         for m in &req.rootfs {
@@ -132,6 +136,9 @@ impl Container {
                 return Err(TaskError::Vgpu(why));
             }
         };
+        if container.vgpu.is_some() {
+            container.visible_devices = visible_devices(&bundle);
+        }
         if let Err(e) = container.runc_create() {
             container.undo(node);
             return Err(e);
@@ -305,6 +312,21 @@ impl Container {
         Ok(exec.pid)
     }
 
+    /// An exec's process as it is to run: with its container's `CUDA_VISIBLE_DEVICES`.
+    pub fn exec_process(
+        &self,
+        mut process: oci_spec::runtime::Process,
+    ) -> oci_spec::runtime::Process {
+        if let Some(entry) = &self.visible_devices {
+            let name = entry.split('=').next().unwrap_or_default();
+            let mut env = process.env().clone().unwrap_or_default();
+            env.retain(|e| e.split('=').next() != Some(name));
+            env.push(entry.clone());
+            process.set_env(Some(env));
+        }
+        process
+    }
+
     /// The freezer the node service freezes this container with between its windows: for a
     /// container with a vGPU that the user has not paused.
     fn scheduler_freezer(&self) -> Option<FreezerCgroup> {
@@ -412,6 +434,18 @@ impl Container {
             _ => (137, SystemTime::now()),
         }
     }
+}
+
+/// The `CUDA_VISIBLE_DEVICES` entry of the bundle's (edited) config.json.
+fn visible_devices(bundle: &Path) -> Option<String> {
+    let config = std::fs::read(bundle.join("config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
+    config["process"]["env"]
+        .as_array()?
+        .iter()
+        .filter_map(|e| e.as_str())
+        .find(|e| e.starts_with("CUDA_VISIBLE_DEVICES="))
+        .map(str::to_owned)
 }
 
 /// How long an exec waits for its container's window; a window comes round within one round of

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use containerd_shim::api::{
     CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
@@ -38,6 +38,10 @@ use super::stdio::StdioPaths;
 use super::vgpu::NodeLink;
 
 type TtrpcResult<T> = ttrpc::Result<T>;
+
+/// How long an exit waits for the process's last output to reach containerd's fifos; a child
+/// that keeps the process's stdout open must not hold the exit back longer.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// The shim's containers and what the requests share.
 struct Shared {
@@ -97,33 +101,43 @@ impl TaskService {
         if pid <= 0 {
             return;
         }
-        let containers = self.containers();
-        for c in containers.values() {
-            let mut processes = std::iter::once(&c.init).chain(c.execs.values());
-            let Some(p) = processes.find(|p| p.pid == pid as u32) else {
-                continue;
-            };
-            let at = SystemTime::now();
-            let status = code as u32;
-            p.lifecycle.set(Lifecycle::Stopped { status, at });
-            let id = if p.exec_id.is_empty() {
-                c.id.clone()
-            } else {
-                p.exec_id.clone()
-            };
-            let event = TaskExit {
-                container_id: c.id.clone(),
-                id,
-                pid: p.pid,
-                exit_status: status,
-                exited_at: MessageField::some(timestamp(at)),
-                ..Default::default()
-            };
-            self.shared
-                .events
-                .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
+        let found = {
+            let containers = self.containers();
+            containers.values().find_map(|c| {
+                let mut processes = std::iter::once(&c.init).chain(c.execs.values());
+                let p = processes.find(|p| p.pid == pid as u32)?;
+                let id = if p.exec_id.is_empty() {
+                    c.id.clone()
+                } else {
+                    p.exec_id.clone()
+                };
+                let output = p.io.as_ref().map(|io| io.output_waiter());
+                Some((c.id.clone(), id, Arc::clone(&p.lifecycle), output))
+            })
+        };
+        // Not ours: one of runc's own runs.
+        let Some((container_id, id, lifecycle, output)) = found else {
             return;
+        };
+        // containerd stops reading a process's output once it learns of the exit; what the
+        // process wrote last is in its pipe or terminal, and reaches the fifo first.
+        if let Some(output) = output {
+            output.wait(OUTPUT_AFTER_EXIT);
         }
+        let at = SystemTime::now();
+        let status = code as u32;
+        lifecycle.set(Lifecycle::Stopped { status, at });
+        let event = TaskExit {
+            container_id,
+            id,
+            pid: pid as u32,
+            exit_status: status,
+            exited_at: MessageField::some(timestamp(at)),
+            ..Default::default()
+        };
+        self.shared
+            .events
+            .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
     }
 
     fn node(&self) -> Result<&NodeLink, TaskError> {
@@ -287,7 +301,7 @@ impl TaskService {
                 terminal: req.terminal,
             };
             let mut process = Process::new(&req.exec_id, stdio);
-            process.spec = Some(spec);
+            process.spec = Some(c.exec_process(spec));
             c.execs.insert(req.exec_id.clone(), process);
             Ok(())
         })?;

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio as ChildStdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
@@ -107,28 +107,67 @@ impl runc::Io for ContainerEnds {
     }
 }
 
+/// Threads still copying: their count, and a wait for it to reach zero.
+#[derive(Debug, Default)]
+struct Copies {
+    running: Mutex<usize>,
+    finished: Condvar,
+}
+
+impl Copies {
+    /// Runs `copy` in a thread counted here.
+    fn spawn(self: &Arc<Self>, copy: impl FnOnce() + Send + 'static) {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let copies = Arc::clone(self);
+        std::thread::spawn(move || {
+            copy();
+            let mut running = copies.running.lock().unwrap_or_else(|e| e.into_inner());
+            *running -= 1;
+            copies.finished.notify_all();
+        });
+    }
+
+    /// Waits at most `timeout` for every copy to end; whether they did.
+    fn wait(&self, timeout: Duration) -> bool {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let (running, _) = self
+            .finished
+            .wait_timeout_while(running, timeout, |n| *n > 0)
+            .unwrap_or_else(|e| e.into_inner());
+        *running == 0
+    }
+}
+
 /// The copying of one process's stdio, running.
 #[derive(Debug, Default)]
 pub struct ProcessIo {
-    /// Where the stdin thread writes; taken (closed) by `CloseIO` or at the fifo's end.
+    /// Where the stdin thread writes; taken (closed) at the fifo's end or by `CloseIO`.
     stdin: Arc<Mutex<Option<File>>>,
+    /// The stdin copy.
+    input: Arc<Copies>,
+    /// The stdout and stderr copies.
+    output: Arc<Copies>,
     /// The pty's master, for `ResizePty`.
     console: Option<File>,
 }
+
+/// How long `CloseIO` lets the stdin copy drain what containerd wrote before it closes the
+/// process's input anyway.
+const INPUT_DRAIN: Duration = Duration::from_secs(2);
 
 impl ProcessIo {
     /// Starts copying between the fifos of `paths` and the shim's pipe ends.
     pub fn copy_pipes(paths: &StdioPaths, ends: ShimEnds) -> ProcessIo {
         let io = ProcessIo {
             stdin: Arc::new(Mutex::new(ends.stdin)),
-            console: None,
+            ..ProcessIo::default()
         };
         io.start_input(&paths.stdin);
         if let Some(stdout) = ends.stdout {
-            copy_out(stdout, &paths.stdout);
+            io.start_output(stdout, &paths.stdout);
         }
         if let Some(stderr) = ends.stderr {
-            copy_out(stderr, &paths.stderr);
+            io.start_output(stderr, &paths.stderr);
         }
         io
     }
@@ -140,13 +179,14 @@ impl ProcessIo {
         } else {
             Some(master.try_clone()?)
         };
-        if !paths.stdout.is_empty() {
-            copy_out(master.try_clone()?, &paths.stdout);
-        }
         let io = ProcessIo {
             stdin: Arc::new(Mutex::new(input)),
-            console: Some(master),
+            console: Some(master.try_clone()?),
+            ..ProcessIo::default()
         };
+        if !paths.stdout.is_empty() {
+            io.start_output(master, &paths.stdout);
+        }
         io.start_input(&paths.stdin);
         Ok(io)
     }
@@ -156,7 +196,7 @@ impl ProcessIo {
             return;
         }
         let (writer, fifo) = (Arc::clone(&self.stdin), PathBuf::from(fifo));
-        std::thread::spawn(move || {
+        self.input.spawn(move || {
             // Blocks until containerd's side opens it for writing.
             if let Ok(mut input) = File::open(&fifo) {
                 let mut buf = vec![0u8; 32 * 1024];
@@ -173,9 +213,34 @@ impl ProcessIo {
         });
     }
 
-    /// `CloseIO`: the process's stdin reaches its end.
+    /// Copies `from` into the fifo at `path` until `from` ends. The fifo is opened read-write,
+    /// so that the open never waits for a reader and a reader that goes away does not end the
+    /// copy.
+    fn start_output(&self, mut from: File, path: &str) {
+        let path = PathBuf::from(path);
+        self.output.spawn(move || {
+            let Ok(mut to) = OpenOptions::new().read(true).write(true).open(&path) else {
+                // Nobody can read it: drain, so that the process does not block on a full pipe.
+                let _ = io::copy(&mut from, &mut io::sink());
+                return;
+            };
+            let _ = io::copy(&mut from, &mut to);
+        });
+    }
+
+    /// `CloseIO`: the process's stdin reaches its end once the copy has passed on what
+    /// containerd wrote before (containerd closes its end of the fifo, then asks).
     pub fn close_stdin(&self) {
-        self.stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (stdin, input) = (Arc::clone(&self.stdin), Arc::clone(&self.input));
+        std::thread::spawn(move || {
+            input.wait(INPUT_DRAIN);
+            stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
+        });
+    }
+
+    /// The output copies, to wait for without holding the process.
+    pub fn output_waiter(&self) -> OutputWaiter {
+        OutputWaiter(Arc::clone(&self.output))
     }
 
     /// `ResizePty`.
@@ -198,18 +263,15 @@ impl ProcessIo {
     }
 }
 
-/// Copies `from` into the fifo at `path` until `from` ends. The fifo is opened read-write, so
-/// that the open never waits for a reader and a reader that goes away does not kill the copy.
-fn copy_out(mut from: File, path: &str) {
-    let path = PathBuf::from(path);
-    std::thread::spawn(move || {
-        let Ok(mut to) = OpenOptions::new().read(true).write(true).open(&path) else {
-            // Nobody can read it: drain, so that the process does not block on a full pipe.
-            let _ = io::copy(&mut from, &mut io::sink());
-            return;
-        };
-        let _ = io::copy(&mut from, &mut to);
-    });
+/// A process's output copies, waited for apart from the process ([`ProcessIo::output_waiter`]).
+#[derive(Clone, Debug)]
+pub struct OutputWaiter(Arc<Copies>);
+
+impl OutputWaiter {
+    /// Waits at most `timeout` for them to end; whether they did.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.0.wait(timeout)
+    }
 }
 
 /// The socket runc sends a new terminal's master through (`--console-socket`).

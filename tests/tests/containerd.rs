@@ -1,0 +1,217 @@
+//! gpuplex as a containerd runtime (`io.containerd.gpuplex.v1`), driven with `ctr` against a
+//! private containerd (root): parity with containerd's own `io.containerd.runc.v2`. Each check
+//! runs twice, under runc and under gpuplex (with the node service on a fake GPU), with the same
+//! expectations: for a container that asks for no vGPU, the gpuplex shim must be
+//! indistinguishable from runc's. What gpuplex adds is held in `containerd_vgpu.rs`.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use gpuplex_integration::containerd::*;
+use gpuplex_integration::*;
+
+/// A containerd for one runtime; under gpuplex, with a node service of one fake GPU that the
+/// shim reaches through `$GPUPLEX_CONFIG`. Dropped in order: the containers, the service, the
+/// directory.
+struct Rig {
+    containerd: Containerd,
+    _service: Option<NodeService>,
+    _dir: tempfile::TempDir,
+}
+
+/// A [`Rig`] for `runtime` (`minor`: the fake GPU's device minor, distinct per test), or `None`
+/// when `check` cannot run here.
+fn rig(check: &str, runtime: &str, minor: u32) -> Option<Rig> {
+    if !can_run_containerd(&format!("{check} under {runtime}")) {
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let service =
+        (runtime == GPUPLEX).then(|| NodeService::start(&dir.path().join("node"), 1, minor, ""));
+    let containerd = Containerd::start(Setup {
+        gpuplex_config: service.as_ref().map(|s| s.config.clone()),
+        cri: false,
+    });
+    Some(Rig {
+        containerd,
+        _service: service,
+        _dir: dir,
+    })
+}
+
+/// Two tests of one parity check: under runc and under gpuplex.
+macro_rules! parity {
+    ($check:ident, minor $minor:literal: $under_runc:ident, $under_gpuplex:ident) => {
+        #[test]
+        fn $under_runc() {
+            $check(RUNC, $minor);
+        }
+
+        #[test]
+        fn $under_gpuplex() {
+            $check(GPUPLEX, $minor);
+        }
+    };
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn exit_code_comes_back(runtime: &str, minor: u32) {
+    let Some(rig) = rig("exit_code_comes_back", runtime, minor) else {
+        return;
+    };
+    let out = rig
+        .containerd
+        .run(runtime, &[], "exit-code", &["sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+parity!(exit_code_comes_back, minor 240:
+    exit_code_comes_back_under_runc, exit_code_comes_back_under_gpuplex);
+
+fn stdout_and_stderr_arrive_apart(runtime: &str, minor: u32) {
+    let Some(rig) = rig("stdout_and_stderr_arrive_apart", runtime, minor) else {
+        return;
+    };
+    let out = rig.containerd.run(
+        runtime,
+        &[],
+        "streams",
+        &["sh", "-c", "echo out; echo err >&2"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stdout(&out), "out\n", "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "err\n",
+        "{}",
+        text(&out)
+    );
+}
+
+parity!(stdout_and_stderr_arrive_apart, minor 241:
+    stdout_and_stderr_arrive_apart_under_runc, stdout_and_stderr_arrive_apart_under_gpuplex);
+
+fn exec_runs_in_a_running_container(runtime: &str, minor: u32) {
+    let Some(rig) = rig("exec_runs_in_a_running_container", runtime, minor) else {
+        return;
+    };
+    let c = &rig.containerd;
+    c.run_detached(runtime, &[], "exec", &["sleep", "1000"]);
+    let out = c.exec("exec", "e1", &["sh", "-c", "echo hi; exit 5"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert_eq!(stdout(&out), "hi\n", "{}", text(&out));
+    // The exec id is free again once its process is gone.
+    let out = c.exec("exec", "e1", &["true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(c.task_status("exec").as_deref(), Some("RUNNING"));
+}
+
+parity!(exec_runs_in_a_running_container, minor 242:
+    exec_runs_in_a_running_container_under_runc, exec_runs_in_a_running_container_under_gpuplex);
+
+fn kill_stops_the_task(runtime: &str, minor: u32) {
+    let Some(rig) = rig("kill_stops_the_task", runtime, minor) else {
+        return;
+    };
+    let c = &rig.containerd;
+    c.run_detached(runtime, &[], "killed", &["sleep", "1000"]);
+    assert_eq!(c.task_status("killed").as_deref(), Some("RUNNING"));
+    let out = c.kill("killed", "SIGKILL");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        c.wait_for_status("killed", "STOPPED", Duration::from_secs(5)),
+        "{:?}",
+        c.tasks()
+    );
+    let out = c.remove("killed");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(c.tasks(), []);
+    assert_eq!(c.containers(), Vec::<String>::new());
+}
+
+parity!(kill_stops_the_task, minor 243:
+    kill_stops_the_task_under_runc, kill_stops_the_task_under_gpuplex);
+
+fn pause_and_resume(runtime: &str, minor: u32) {
+    let Some(rig) = rig("pause_and_resume", runtime, minor) else {
+        return;
+    };
+    let c = &rig.containerd;
+    c.run_detached(runtime, &[], "paused", &["sleep", "1000"]);
+    let out = c.pause("paused");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(c.task_status("paused").as_deref(), Some("PAUSED"));
+    let out = c.resume("paused");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(c.task_status("paused").as_deref(), Some("RUNNING"));
+}
+
+parity!(pause_and_resume, minor 244:
+    pause_and_resume_under_runc, pause_and_resume_under_gpuplex);
+
+fn stdin_reaches_the_container(runtime: &str, minor: u32) {
+    let Some(rig) = rig("stdin_reaches_the_container", runtime, minor) else {
+        return;
+    };
+    let c = &rig.containerd;
+    let mut child = c
+        .run_command(&["--rm"], runtime, &[], "stdin", &["cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr runs");
+    // ctr closes the task's stdin at end of input only once it has created the task; input
+    // that ends sooner leaves `cat` waiting for ever. Write once the task runs.
+    assert!(
+        c.wait_for_status("stdin", "RUNNING", Duration::from_secs(10)),
+        "{:?}",
+        c.tasks()
+    );
+    let mut stdin = child.stdin.take().expect("ctr's stdin");
+    stdin.write_all(b"hello\n").expect("writing to ctr");
+    drop(stdin);
+    // At the end of its input ctr asks the shim to close the task's stdin (CloseIO); were it
+    // not closed, `cat` would never end.
+    let ended = wait_until(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !ended {
+        let _ = c.kill("stdin", "SIGKILL");
+    }
+    let out = child.wait_with_output().expect("ctr exits");
+    assert!(
+        ended,
+        "cat did not see the end of its input: {}",
+        text(&out)
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stdout(&out), "hello\n", "{}", text(&out));
+}
+
+parity!(stdin_reaches_the_container, minor 245:
+    stdin_reaches_the_container_under_runc, stdin_reaches_the_container_under_gpuplex);
+
+fn a_terminal_reaches_the_container(runtime: &str, minor: u32) {
+    let Some(rig) = rig("a_terminal_reaches_the_container", runtime, minor) else {
+        return;
+    };
+    let (status, shown) =
+        rig.containerd
+            .run_in_terminal(runtime, "tty", &["sh", "-c", "tty; echo hi; exit 4"]);
+    assert_eq!(status.code(), Some(4), "{status}: {shown:?}");
+    // Line ends carry a `\r` from each terminal on the way; the text is what matters.
+    let lines: Vec<&str> = shown.lines().map(|l| l.trim_end_matches('\r')).collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with("/dev/pts/")),
+        "{shown:?}"
+    );
+    assert!(lines.contains(&"hi"), "{shown:?}");
+}
+
+parity!(a_terminal_reaches_the_container, minor 246:
+    a_terminal_reaches_the_container_under_runc, a_terminal_reaches_the_container_under_gpuplex);
