@@ -181,6 +181,13 @@ impl NodeClient {
         Ok(self.request(&release_request(key))?.vgpu)
     }
 
+    /// Holds a container its user paused (`held`), or lets it go once its user resumed it
+    /// (`unhold`): while held, the node service neither freezes nor thaws it. `key` is read as
+    /// [`NodeClient::release`] reads it. An unknown container is [`ClientError::Refused`].
+    pub fn hold(&mut self, key: &str, held: bool) -> Result<Option<VgpuReply>, ClientError> {
+        Ok(self.request(&hold_request(key, held))?.vgpu)
+    }
+
     fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {
         let mut line = Vec::new();
         let limit = MAX_REPLY as u64 + 1;
@@ -252,6 +259,14 @@ pub fn release_request(key: &str) -> Value {
     } else {
         json!({ "op": "release", "container": key })
     }
+}
+
+/// The request line [`NodeClient::hold`] sends, as JSON: `hold` or `unhold`, by vGPU when `key`
+/// parses as a vGPU id, else by container.
+pub fn hold_request(key: &str, held: bool) -> Value {
+    let mut request = release_request(key);
+    request["op"] = json!(if held { "hold" } else { "unhold" });
+    request
 }
 
 /// The default configuration file, where `service.socket` is looked up.
@@ -391,5 +406,30 @@ mod tests {
             release_request("vgpu-x"),
             json!({"op": "release", "container": "vgpu-x"})
         );
+        assert_eq!(
+            hold_request("vgpu-3", true),
+            json!({"op": "hold", "vgpu": "vgpu-3"})
+        );
+        assert_eq!(
+            hold_request("c1", false),
+            json!({"op": "unhold", "container": "c1"})
+        );
+    }
+
+    #[test]
+    fn hold_returns_the_vgpu_and_a_refusal_is_an_error() {
+        let (_dir, path, handle) = serve(vec![
+            "{\"ok\":true,\"vgpu\":{\"id\":\"vgpu-3\",\"container\":\"c1\",\"gpus\":[],\"weight\":1,\"priority\":\"normal\"}}\n",
+            "{\"ok\":false,\"error\":\"container c9 is not attached to a vGPU on this node\"}\n",
+        ]);
+        let mut client = NodeClient::connect(&path).unwrap();
+        let held = client.hold("c1", true).unwrap().unwrap();
+        assert_eq!(
+            (held.id.as_str(), held.container.as_deref()),
+            ("vgpu-3", Some("c1"))
+        );
+        let err = client.hold("c9", false).unwrap_err();
+        assert!(matches!(err, ClientError::Refused(_)), "{err:?}");
+        handle.join().unwrap();
     }
 }

@@ -8,6 +8,10 @@
 //! 2. **attach**: the container, once it has an init process, is bound to it and scheduled;
 //! 3. **release**: the vGPU's memory is given back and it leaves the scheduler.
 //!
+//! Meanwhile its container may be **held** (its user paused it: `ctr task pause`, `runc pause`)
+//! and released from the hold again (**unhold**): while held it keeps its memory but takes no
+//! part in scheduling, and no freeze or thaw order names it (see [`WindowScheduler::hold`]).
+//!
 //! `register` is reserve and attach at once. A reservation that no container attaches to within
 //! `reservation_ttl` lapses. Attaching or registering a container that is already attached
 //! returns its vGPU again (the hook may run twice); a failed register leaves nothing behind.
@@ -60,7 +64,7 @@ pub struct VgpuRecord {
     pub attachment: Option<Attachment>,
 }
 
-/// Which vGPU to release.
+/// Which vGPU to release (or hold).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseKey {
     /// By vGPU id.
@@ -108,6 +112,12 @@ pub enum NodeError {
     /// No such vGPU (never reserved, released, or lapsed).
     #[error("{0} is not reserved on this node (it was released, or its reservation lapsed)")]
     UnknownVgpu(VgpuId),
+    /// No vGPU is attached to this container.
+    #[error("container {0} is not attached to a vGPU on this node (it was never attached, or it was released)")]
+    UnknownContainer(String),
+    /// The vGPU has no container yet (a hold is a container's).
+    #[error("{0} has no container attached yet: only an attached container can be held")]
+    NotAttached(VgpuId),
     /// The vGPU is attached to another container.
     #[error("{vgpu} is attached to container {attached}, not {container}")]
     AttachedElsewhere {
@@ -340,6 +350,47 @@ impl Node {
             thaw: unbound.as_ref().and_then(|u| u.thaw),
             stats: unbound.map(|u| u.stats),
         })
+    }
+
+    /// Holds an attached vGPU's container (`held`: its user paused it) or releases the hold
+    /// (its user resumed it), by vGPU id or container id; see [`WindowScheduler::hold`].
+    /// Idempotent. Refused for an unknown vGPU or container, or a reservation with no container.
+    pub fn hold(
+        &mut self,
+        key: &ReleaseKey,
+        held: bool,
+        now: Instant,
+    ) -> Result<VgpuId, NodeError> {
+        let vgpu = self.attached(key)?;
+        self.windows.hold(vgpu, held, now);
+        if held {
+            self.unsampled.remove(&vgpu);
+        }
+        Ok(vgpu)
+    }
+
+    /// The attached vGPU `key` names (what [`Node::hold`] accepts), or why there is none.
+    pub fn attached(&self, key: &ReleaseKey) -> Result<VgpuId, NodeError> {
+        let vgpu = match key {
+            ReleaseKey::Vgpu(v) => *v,
+            ReleaseKey::Container(c) => *self
+                .by_container
+                .get(c)
+                .ok_or_else(|| NodeError::UnknownContainer(c.clone()))?,
+        };
+        let record = self
+            .records
+            .get(&vgpu)
+            .ok_or(NodeError::UnknownVgpu(vgpu))?;
+        if record.attachment.is_none() {
+            return Err(NodeError::NotAttached(vgpu));
+        }
+        Ok(vgpu)
+    }
+
+    /// Whether a vGPU's container is held ([`Node::hold`]).
+    pub fn is_held(&self, vgpu: VgpuId) -> bool {
+        self.windows.is_held(vgpu)
     }
 
     /// Records an activity sample of an attached vGPU (see [`WindowScheduler::observe`]).

@@ -6,11 +6,19 @@
 //! {"op":"attach","vgpu":"vgpu-1","container":"c0ffee","pid":4242}
 //! {"op":"register","annotations":{"gpuplex.io/weight":"2"},"container":"job-7","cgroup":"/sys/fs/cgroup/freezer/jobs/7"}
 //! {"op":"release","container":"c0ffee"}            (or "vgpu":"vgpu-1")
+//! {"op":"hold","container":"c0ffee"}               (or "vgpu":"vgpu-1")
+//! {"op":"unhold","container":"c0ffee"}             (or "vgpu":"vgpu-1")
 //! {"op":"status"}
 //! ```
 //!
-//! A reply is `{"ok":true,...}` with `vgpu` (reserve, attach, register; release: the released
-//! one, absent when there was none) or `status`, or `{"ok":false,"error":"<one line>"}`. A line
+//! `hold` says the container's user paused it (`ctr task pause`, `runc pause`): until `unhold`
+//! (its user resumed it) it takes no part in scheduling and is never frozen or thawed by the
+//! node (see [`crate::windows::WindowScheduler::hold`]). Both are idempotent; the container must
+//! be attached.
+//!
+//! A reply is `{"ok":true,...}` with `vgpu` (reserve, attach, register, hold, unhold; release:
+//! the released one, absent when there was none) or `status`, or
+//! `{"ok":false,"error":"<one line>"}`. A line
 //! longer than [`MAX_LINE`] bytes, malformed JSON, an unknown operation or an unknown field gets
 //! an error reply; none of them changes anything.
 
@@ -27,7 +35,9 @@ use crate::{Instant, VgpuId};
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 5] = ["reserve", "attach", "register", "release", "status"];
+pub const OPERATIONS: [&str; 7] = [
+    "reserve", "attach", "register", "release", "hold", "unhold", "status",
+];
 
 /// A request on the node socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +63,13 @@ pub enum Request {
     },
     /// Release a vGPU.
     Release(ReleaseKey),
+    /// Hold a container its user paused (`held`), or release the hold (it was resumed).
+    Hold {
+        /// The container, or its vGPU.
+        key: ReleaseKey,
+        /// `hold` (true) or `unhold` (false).
+        held: bool,
+    },
     /// The node's status.
     Status,
 }
@@ -72,7 +89,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {0}")]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, status")]
+    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, status")]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {message}")]
@@ -222,16 +239,23 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                 attachment,
             })
         }
-        "release" => {
+        "release" | "hold" | "unhold" => {
             let f: ReleaseFields =
                 serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
-            match (f.vgpu, f.container) {
-                (Some(v), None) => Ok(Request::Release(ReleaseKey::Vgpu(
-                    v.parse().map_err(|e| field(format!("vgpu: {e}")))?,
-                ))),
-                (None, Some(c)) => Ok(Request::Release(ReleaseKey::Container(c))),
-                _ => Err(field("give exactly one of `vgpu` and `container`".into())),
-            }
+            let key = match (f.vgpu, f.container) {
+                (Some(v), None) => {
+                    ReleaseKey::Vgpu(v.parse().map_err(|e| field(format!("vgpu: {e}")))?)
+                }
+                (None, Some(c)) => ReleaseKey::Container(c),
+                _ => return Err(field("give exactly one of `vgpu` and `container`".into())),
+            };
+            Ok(match op {
+                "release" => Request::Release(key),
+                _ => Request::Hold {
+                    key,
+                    held: op == "hold",
+                },
+            })
         }
         _ => {
             serde_json::from_value::<StatusFields>(rest).map_err(|e| field(e.to_string()))?;
@@ -342,6 +366,10 @@ impl Node {
                     vgpu: released.map(|r| self.vgpu_reply(&r.record)),
                     ..Reply::default()
                 }
+            }
+            Request::Hold { key, held } => {
+                let result = self.hold(&key, held, now);
+                done(self, result)
             }
             Request::Status => Reply {
                 ok: true,

@@ -35,6 +35,11 @@ pub struct SavedVgpu {
     pub reserved_at_unix_ms: u64,
     /// Its container, once attached.
     pub attachment: Option<SavedAttachment>,
+    /// Its container is held: its user paused it (`ctr task pause`), so a restart must not thaw
+    /// it, and it rejoins the scheduler held. Absent (false) in files written before holds
+    /// existed, and written only when true, so that files without a hold keep format 1 as it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// A GPU of a saved vGPU.
@@ -336,6 +341,7 @@ mod tests {
                     path: "/sys/fs/cgroup/freezer/c".into(),
                 },
             }),
+            held: false,
         }
     }
 
@@ -358,6 +364,20 @@ mod tests {
             &fs::metadata(state.path()).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_hold_is_saved_only_when_there_is_one_and_old_files_read_as_not_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let plain = serde_json::to_value(saved(1)).unwrap();
+        assert!(plain.get("held").is_none(), "{plain}");
+        let mut held = saved(2);
+        held.held = true;
+        assert_eq!(serde_json::to_value(&held).unwrap()["held"], true);
+        state.save(&saved(1)).unwrap();
+        state.save(&held).unwrap();
+        assert_eq!(state.load().unwrap().vgpus, vec![saved(1), held]);
     }
 
     #[test]

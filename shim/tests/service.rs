@@ -703,3 +703,190 @@ fn gpuplexctl_and_the_metrics_endpoint_show_the_real_service() {
     );
     assert!(body.contains(r#"UUID="GPU-fake-0""#), "{body}");
 }
+
+/// Two busy processes on one fake GPU; `a` is made to hold the window, so that the service
+/// has no thaw of it pending when the test pauses it. Returns when both have had windows.
+fn two_taking_turns(service: &NodeService, a: &TestCgroup, b: &TestCgroup) {
+    service.register("held-a", a, json!({"gpuplex.io/weight": "1"}));
+    service.register("held-b", b, json!({"gpuplex.io/weight": "1"}));
+    let windows = |id: &str| service.container(id).unwrap()["windows"].as_u64().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(3), || windows("held-a") > 1
+            && windows("held-b") > 1)
+        .is_some(),
+        "they do not take turns: {}",
+        service.status()
+    );
+}
+
+/// Pauses `a` as `runc pause` would (its freezer, by hand) at a moment it holds the window and
+/// runs, then holds it on the node socket.
+fn pause_and_hold(service: &NodeService, a: &TestCgroup) {
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            service.status()["gpus"][0]["holder"] == "held-a" && !a.is_frozen()
+        })
+        .is_some(),
+        "{}",
+        service.status()
+    );
+    a.freeze();
+    let reply = service.ask(&json!({"op": "hold", "container": "held-a"}));
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["vgpu"]["container"], "held-a", "{reply}");
+    assert!(a.is_frozen(), "the hold thawed it");
+}
+
+/// For `over`: `a` stays frozen (nobody thaws it) and `b` is never frozen, and runs.
+fn check_paused_alone(a: &TestCgroup, b: &TestCgroup, over: Duration) {
+    let start = Instant::now();
+    let cpu = b.cpu();
+    while start.elapsed() < over {
+        assert!(a.is_frozen(), "the service thawed a held container");
+        assert!(
+            !b.is_frozen(),
+            "the other one was frozen beside a paused one"
+        );
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let used = (b.cpu() - cpu).as_secs_f64() / start.elapsed().as_secs_f64();
+    assert!(used > 0.3, "the running one got {used:.2} of a CPU");
+}
+
+#[test]
+fn a_held_container_is_never_thawed_and_rejoins_when_unheld() {
+    if !can_run("a_held_container_is_never_thawed_and_rejoins_when_unheld") {
+        return;
+    }
+    let _serial = serial();
+    let service = NodeService::start(Setup::default());
+    let mut a = TestCgroup::new(V1, "held-a");
+    a.spawn_busy();
+    let mut b = TestCgroup::new(V1, "held-b");
+    b.spawn_busy();
+    two_taking_turns(&service, &a, &b);
+    pause_and_hold(&service, &a);
+    // Holding again, by vGPU id, is the same.
+    let vgpu = service.container("held-a").unwrap()["vgpu"].clone();
+    let again = service.ask(&json!({"op": "hold", "vgpu": vgpu}));
+    assert_eq!(again["ok"], true, "{again}");
+    check_paused_alone(&a, &b, Duration::from_secs(2));
+    let status = service.status();
+    let c = service.container("held-a").unwrap();
+    assert_eq!(c["state"], "paused", "{status}");
+    assert_eq!(service.container("held-b").unwrap()["state"], "running");
+    assert_eq!(status["gpus"][0]["holder"], "held-b", "{status}");
+    let saved = std::fs::read_to_string(under(
+        &service,
+        &format!("state/{}.json", vgpu.as_str().unwrap()),
+    ))
+    .unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(saved["held"], true, "{saved}");
+    // gpuplexctl shows it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuplexctl"))
+        .arg("--socket")
+        .arg(&service.socket)
+        .arg("status")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("paused"), "{text}");
+    // An unknown container gets the usual one-line error, and changes nothing.
+    let unknown = service.ask(&json!({"op": "unhold", "container": "nobody"}));
+    assert_eq!(unknown["ok"], false, "{unknown}");
+    assert!(
+        unknown["error"]
+            .as_str()
+            .unwrap()
+            .contains("container nobody is not attached"),
+        "{unknown}"
+    );
+    // Resumed as `runc resume` does, then unheld: both take turns again.
+    a.thaw();
+    let reply = service.ask(&json!({"op": "unhold", "container": "held-a"}));
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["vgpu"]["container"], "held-a", "{reply}");
+    let windows = |id: &str| service.container(id).unwrap()["windows"].as_u64().unwrap();
+    let before = (windows("held-a"), windows("held-b"));
+    let (mut a_frozen, mut b_frozen) = (false, false);
+    let turns = wait_until(Duration::from_secs(3), || {
+        a_frozen |= a.is_frozen();
+        b_frozen |= b.is_frozen();
+        a_frozen && b_frozen && windows("held-a") > before.0 + 2 && windows("held-b") > before.1 + 2
+    });
+    assert!(turns.is_some(), "{}", service.status());
+    assert_ne!(service.container("held-a").unwrap()["state"], "paused");
+    let saved = std::fs::read_to_string(under(
+        &service,
+        &format!("state/{}.json", vgpu.as_str().unwrap()),
+    ))
+    .unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert!(saved.get("held").is_none(), "{saved}");
+}
+
+#[test]
+fn a_held_container_stays_paused_across_a_restart_and_a_shutdown() {
+    if !can_run("a_held_container_stays_paused_across_a_restart_and_a_shutdown") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup::default());
+    let mut a = TestCgroup::new(V1, "held-a");
+    a.spawn_busy();
+    let mut b = TestCgroup::new(V2, "held-b");
+    b.spawn_busy();
+    two_taking_turns(&service, &a, &b);
+    pause_and_hold(&service, &a);
+    // Killed and started again: recovery thaws what gpuplex froze, not what its user paused.
+    service.kill9();
+    service.spawn();
+    assert!(a.is_frozen(), "recovery thawed a held container");
+    assert_eq!(service.container("held-a").unwrap()["state"], "paused");
+    check_paused_alone(&a, &b, Duration::from_millis(1000));
+    // Stopped: the shutdown thaws what gpuplex froze, not what its user paused.
+    let status = service.terminate();
+    assert!(status.success(), "{status}");
+    assert!(a.is_frozen(), "the shutdown thawed a held container");
+    assert!(!b.is_frozen());
+}
+
+#[test]
+fn a_container_held_while_gpuplex_froze_it_is_left_frozen_until_its_user_resumes_it() {
+    if !can_run("a_container_held_while_gpuplex_froze_it_is_left_frozen_until_its_user_resumes_it")
+    {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup::default());
+    let mut a = TestCgroup::new(V2, "held-a");
+    a.spawn_busy();
+    let mut b = TestCgroup::new(V1, "held-b");
+    b.spawn_busy();
+    two_taking_turns(&service, &a, &b);
+    // The order a shim keeps: hold first, then `runc pause`; here while `a` waits, frozen by
+    // gpuplex. The freeze becomes its user's: no window is ever given back to it.
+    assert!(wait_until(Duration::from_secs(3), || a.is_frozen()).is_some());
+    let reply = service.ask(&json!({"op": "hold", "container": "held-a"}));
+    assert_eq!(reply["ok"], true, "{reply}");
+    a.freeze();
+    check_paused_alone(&a, &b, Duration::from_secs(2));
+    let frozen = service.container("held-a").unwrap()["frozen_seconds"]
+        .as_f64()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let later = service.container("held-a").unwrap()["frozen_seconds"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(frozen, later, "a pause is not counted as gpuplex's freeze");
+    // Stopped while held: the shutdown leaves it to its user.
+    let status = service.terminate();
+    assert!(status.success(), "{status}");
+    assert!(a.is_frozen(), "the shutdown thawed a held container");
+    assert!(
+        service.log_text().contains("thawed 0 frozen container"),
+        "{}",
+        service.log_text()
+    );
+}

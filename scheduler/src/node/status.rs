@@ -67,6 +67,8 @@ pub enum ContainerState {
     Frozen,
     /// Running, without work.
     Idle,
+    /// Paused by its user (held): the scheduler leaves it alone until it is resumed.
+    Paused,
 }
 
 impl ContainerState {
@@ -76,6 +78,7 @@ impl ContainerState {
             ContainerState::Running => "running",
             ContainerState::Frozen => "frozen",
             ContainerState::Idle => "idle",
+            ContainerState::Paused => "paused",
         }
     }
 }
@@ -190,6 +193,7 @@ impl Node {
             };
             let view = self.windows.vgpu(r.id);
             let state = match &view {
+                Some(v) if v.state == RunState::Held => ContainerState::Paused,
                 Some(v) if v.state == RunState::Frozen => ContainerState::Frozen,
                 Some(v) if v.has_work => ContainerState::Running,
                 _ => ContainerState::Idle,

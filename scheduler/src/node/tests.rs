@@ -1,4 +1,5 @@
-//! The life of a vGPU on a node: reserve, attach, register, release, lapse, restore, status.
+//! The life of a vGPU on a node: reserve, attach, register, hold, release, lapse, restore,
+//! status.
 
 use super::*;
 use crate::inventory::AssignmentPolicy;
@@ -258,6 +259,105 @@ fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
 }
 
 #[test]
+fn a_held_container_is_paused_gets_no_order_and_rejoins_thawed() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let a = n
+        .register(EIGHT.iter().copied(), container("a", 1), at(0))
+        .unwrap()
+        .id;
+    let b = n
+        .register(EIGHT.iter().copied(), container("b", 2), at(0))
+        .unwrap()
+        .id;
+    n.observe(a, true, at(50));
+    n.observe(b, true, at(50));
+    let d = n.decide(at(50));
+    let (holder, waiter) = match d.actions[..] {
+        [Action::Freeze(w)] => (if w == a { b } else { a }, w),
+        ref other => panic!("{other:?}"),
+    };
+    // The window holder's user pauses it, by container; then again, by vGPU.
+    let name = |v: VgpuId| if v == a { "a" } else { "b" };
+    let key = ReleaseKey::Container(name(holder).into());
+    assert_eq!(n.hold(&key, true, at(60)), Ok(holder));
+    assert_eq!(n.hold(&ReleaseKey::Vgpu(holder), true, at(61)), Ok(holder));
+    assert!(n.is_held(holder) && !n.is_held(waiter));
+    let d = n.decide(at(61));
+    assert_eq!(
+        d.actions,
+        vec![Action::Thaw(waiter)],
+        "the window passes on at once"
+    );
+    for t in (100..2_000).step_by(50) {
+        n.observe(a, true, at(t));
+        n.observe(b, true, at(t));
+        let d = n.decide(at(t));
+        assert!(d.actions.is_empty(), "at {t}: {:?}", d.actions);
+    }
+    let status = n.status(at(2_000));
+    let state = |id: &str| status.containers.iter().find(|c| c.id == id).unwrap().state;
+    assert_eq!(state(name(holder)), ContainerState::Paused);
+    assert_eq!(state(name(waiter)), ContainerState::Running);
+    assert_eq!(ContainerState::Paused.name(), "paused");
+    assert_eq!(
+        serde_json::to_value(ContainerState::Paused).unwrap(),
+        "paused"
+    );
+    // Resumed: it runs, and is frozen by the next decision that sees its work.
+    assert_eq!(n.hold(&key, false, at(2_000)), Ok(holder));
+    assert_eq!(n.hold(&key, false, at(2_000)), Ok(holder), "idempotent");
+    assert!(n.decide(at(2_000)).actions.is_empty());
+    n.observe(holder, true, at(2_010));
+    assert_eq!(n.decide(at(2_010)).actions, vec![Action::Freeze(holder)]);
+}
+
+#[test]
+fn a_hold_needs_an_attached_container() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let r = reserve(&mut n, EIGHT, 0).unwrap();
+    let e = n.hold(&ReleaseKey::Container("nobody".into()), true, at(1));
+    assert_eq!(e, Err(NodeError::UnknownContainer("nobody".into())));
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "container nobody is not attached to a vGPU on this node (it was never attached, or it was released)"
+    );
+    assert_eq!(
+        n.hold(&ReleaseKey::Vgpu(VgpuId(9)), true, at(1)),
+        Err(NodeError::UnknownVgpu(VgpuId(9)))
+    );
+    assert_eq!(
+        n.hold(&ReleaseKey::Vgpu(r), false, at(1)),
+        Err(NodeError::NotAttached(r))
+    );
+    assert!(!n.is_held(r));
+}
+
+#[test]
+fn a_held_container_released_is_left_to_its_user() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let a = n
+        .register(EIGHT.iter().copied(), container("a", 1), at(0))
+        .unwrap()
+        .id;
+    let b = n
+        .register(EIGHT.iter().copied(), container("b", 2), at(0))
+        .unwrap()
+        .id;
+    n.observe(a, true, at(50));
+    n.observe(b, true, at(50));
+    let frozen = match n.decide(at(50)).actions[..] {
+        [Action::Freeze(w)] => w,
+        ref other => panic!("{other:?}"),
+    };
+    n.hold(&ReleaseKey::Vgpu(frozen), true, at(60)).unwrap();
+    let released = n.release(&ReleaseKey::Vgpu(frozen), at(70)).unwrap();
+    assert_eq!(
+        released.thaw, None,
+        "gpuplex did not freeze it last: its user did"
+    );
+}
+
+#[test]
 fn a_reservation_nobody_attaches_lapses_after_its_ttl() {
     let mut n = node(1, AssignmentPolicy::Spread);
     let lapsing = reserve(&mut n, EIGHT, 1_000).unwrap();
@@ -374,6 +474,7 @@ enum Op {
     Register(u8, u8, u8),
     ReleaseVgpu(u64),
     ReleaseContainer(u8),
+    Hold(u8, bool),
     Observe(u64, bool),
     Decide,
     Wait(u64),
@@ -387,6 +488,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         (1u8..=45, 1u8..=2, 0u8..6).prop_map(|(g, n, c)| Op::Register(g, n, c)),
         (1u64..12).prop_map(Op::ReleaseVgpu),
         (0u8..6).prop_map(Op::ReleaseContainer),
+        (0u8..6, any::<bool>()).prop_map(|(c, h)| Op::Hold(c, h)),
         (1u64..12, any::<bool>()).prop_map(|(v, w)| Op::Observe(v, w)),
         Just(Op::Decide),
         (1u64..40_000).prop_map(Op::Wait),
@@ -421,11 +523,22 @@ proptest::proptest! {
                 Op::ReleaseContainer(c) => {
                     let _ = n.release(&ReleaseKey::Container(format!("c{c}")), t);
                 }
+                Op::Hold(c, held) => {
+                    let key = ReleaseKey::Container(format!("c{c}"));
+                    match n.hold(&key, held, t) {
+                        Ok(v) => proptest::prop_assert_eq!(n.is_held(v), held),
+                        Err(e) => proptest::prop_assert_eq!(e, NodeError::UnknownContainer(format!("c{c}"))),
+                    }
+                }
                 Op::Observe(v, w) => {
                     n.observe(VgpuId(v), w, t);
                 }
                 Op::Decide => {
                     let d = n.decide(t);
+                    for a in &d.actions {
+                        let (Action::Freeze(v) | Action::Thaw(v)) = *a;
+                        proptest::prop_assert!(!n.is_held(v), "{:?} names a held vGPU", a);
+                    }
                     for r in &d.lapsed {
                         proptest::prop_assert!(r.attachment.is_none());
                         proptest::prop_assert!(t >= r.reserved_at + n.config().reservation_ttl);

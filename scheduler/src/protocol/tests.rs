@@ -3,6 +3,7 @@
 use super::*;
 use crate::config::SchedulerConfig;
 use crate::inventory::Gpu;
+use crate::node::ContainerState;
 use crate::GpuIndex;
 
 fn node() -> Node {
@@ -72,6 +73,20 @@ fn every_request_form_reads() {
         (
             r#"{"op":"release","container":"c1"}"#,
             Request::Release(ReleaseKey::Container("c1".into())),
+        ),
+        (
+            r#"{"op":"hold","container":"c1"}"#,
+            Request::Hold {
+                key: ReleaseKey::Container("c1".into()),
+                held: true,
+            },
+        ),
+        (
+            r#"{"vgpu":"vgpu-2","op":"unhold"}"#,
+            Request::Hold {
+                key: ReleaseKey::Vgpu(VgpuId(2)),
+                held: false,
+            },
         ),
         (r#" {"op":"status"} "#, Request::Status),
     ];
@@ -146,6 +161,26 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         (
             br#"{"op":"release","vgpu":"vgpu-1","container":"c"}"#,
             "exactly one of `vgpu` and `container`",
+        ),
+        (
+            br#"{"op":"hold"}"#,
+            "hold: give exactly one of `vgpu` and `container`",
+        ),
+        (
+            br#"{"op":"unhold","vgpu":"vgpu-1","container":"c"}"#,
+            "unhold: give exactly one of `vgpu` and `container`",
+        ),
+        (
+            br#"{"op":"hold","vgpu":"x"}"#,
+            "hold: vgpu: `x` is not a vGPU id",
+        ),
+        (
+            br#"{"op":"unhold","container":"c","held":true}"#,
+            "unhold: unknown field `held`",
+        ),
+        (
+            br#"{"op":"pause","container":"c"}"#,
+            "one of reserve, attach, register, release, hold, unhold, status",
         ),
     ];
     for (line, expected) in cases {
@@ -238,6 +273,33 @@ fn a_session_of_requests_against_a_node() {
     let status = r.status.unwrap();
     assert_eq!(status.containers.len() + status.reservations.len(), 1);
     assert_eq!(status.gpus[0].unreserved, 8 << 30);
+
+    // Holds: by container or vGPU, idempotent, the vGPU in the reply; paused in the status.
+    for (line, ms) in [
+        (r#"{"op":"hold","container":"c1"}"#, 31),
+        (r#"{"op":"hold","vgpu":"vgpu-1"}"#, 32),
+    ] {
+        let r = ask(&mut n, line, ms);
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.vgpu.unwrap().container.as_deref(), Some("c1"));
+    }
+    let r = ask(&mut n, r#"{"op":"status"}"#, 33);
+    assert_eq!(
+        r.status.unwrap().containers[0].state,
+        ContainerState::Paused
+    );
+    let r = ask(&mut n, r#"{"op":"hold","container":"c9"}"#, 34);
+    assert!(!r.ok);
+    assert_eq!(
+        r.error.as_deref(),
+        Some("container c9 is not attached to a vGPU on this node (it was never attached, or it was released)")
+    );
+    let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 35);
+    assert_eq!(r.vgpu.unwrap().id, "vgpu-1");
+    let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 36);
+    assert!(r.ok, "unholding twice is fine: {r:?}");
+    let r = ask(&mut n, r#"{"op":"status"}"#, 37);
+    assert_eq!(r.status.unwrap().containers[0].state, ContainerState::Idle);
 
     let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 40);
     assert_eq!(r.vgpu.unwrap().id, "vgpu-1");

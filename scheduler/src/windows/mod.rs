@@ -31,6 +31,11 @@
 //!   the queue on the others.)
 //! - **Priorities.** `high` vGPUs are never frozen and hold no window; while one has work, every
 //!   other vGPU with work on its GPUs is frozen.
+//! - **Held.** A vGPU whose user paused its container (`hold`) takes no part: it counts as having
+//!   no work (its samples are ignored), holds no window and delays nobody (a window it held ends
+//!   at once, as when work ends; a reservation for it is dropped), and no order names it until it
+//!   is released (`unhold`). Its container is then running (its user resumed it): it rejoins
+//!   thawed and without work, and its next sample showing work queues it like any arrival.
 //!
 //! Every public method takes `now`; the caller passes a non-decreasing clock (an earlier `now`
 //! is read as the latest one seen). Nothing here panics on any sequence of calls.
@@ -101,13 +106,16 @@ pub enum BindError {
     BadWeight(u32),
 }
 
-/// Whether a vGPU's container is running or frozen.
+/// Whether a vGPU's container is running or frozen, as far as the scheduler is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {
     /// Not frozen.
     Running,
     /// Frozen, waiting for a window.
     Frozen,
+    /// Held: its user paused it. The scheduler neither freezes nor thaws it, and counts it as
+    /// having no work, until it is released ([`WindowScheduler::hold`]).
+    Held,
 }
 
 /// A read-only view of one vGPU.
@@ -216,6 +224,7 @@ impl WindowScheduler {
                 binding,
                 positions,
                 frozen: false,
+                held: false,
                 has_work: false,
                 last_work: now,
                 window_end: None,
@@ -263,7 +272,7 @@ impl WindowScheduler {
         let Some(state) = self.vgpus.get_mut(&vgpu) else {
             return false;
         };
-        if state.frozen {
+        if state.frozen || state.held {
             return true;
         }
         let thawed_at = state.thawed_at.take();
@@ -284,6 +293,55 @@ impl WindowScheduler {
             self.start_work(vgpu);
         }
         true
+    }
+
+    /// Holds a vGPU (`held`: its user paused its container) or releases its hold (its user
+    /// resumed it). Returns false for an unknown vGPU; holding a held one, or releasing one that
+    /// is not held, changes nothing.
+    ///
+    /// Held, it takes no part in scheduling: its work ends (its samples are ignored), a window
+    /// it holds ends and a reservation for it is dropped, so the next `decide` passes them on;
+    /// it stops waiting if it was; no order names it, and [`WindowScheduler::frozen`] and
+    /// `unbind` leave it to its user. Released, it rejoins as a running vGPU without work, as
+    /// its user's resume left it: its next sample showing work queues it (lifted to its GPUs'
+    /// virtual clocks, so the pause banks nothing), and the next decision freezes it unless it
+    /// gets the window.
+    pub fn hold(&mut self, vgpu: VgpuId, held: bool, now: Instant) -> bool {
+        let now = self.advance(now);
+        let Some(state) = self.vgpus.get_mut(&vgpu) else {
+            return false;
+        };
+        if state.held == held {
+            return true;
+        }
+        state.held = held;
+        state.frozen = false;
+        state.thawed_at = None;
+        if !held {
+            state.has_work = false;
+            state.last_work = now;
+            return true;
+        }
+        end_wait(state, now);
+        let holds_window = state.window_end.is_some();
+        if state.has_work {
+            self.stop_work(vgpu);
+        }
+        if holds_window {
+            self.end_window(vgpu, now);
+        }
+        let positions = self.vgpus[&vgpu].positions.clone();
+        for p in positions {
+            if self.gpus[p].reserved_for == Some(vgpu) {
+                self.gpus[p].reserved_for = None;
+            }
+        }
+        true
+    }
+
+    /// Whether a vGPU is held ([`WindowScheduler::hold`]); false for an unknown one.
+    pub fn is_held(&self, vgpu: VgpuId) -> bool {
+        self.vgpus.get(&vgpu).is_some_and(|s| s.held)
     }
 
     /// Decides who runs now: the freeze and thaw orders to carry out, and when to decide again.
@@ -321,7 +379,9 @@ impl WindowScheduler {
         let state = self.vgpus.get(&vgpu)?;
         Some(VgpuView {
             binding: state.binding.clone(),
-            state: if state.frozen {
+            state: if state.held {
+                RunState::Held
+            } else if state.frozen {
                 RunState::Frozen
             } else {
                 RunState::Running

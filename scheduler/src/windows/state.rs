@@ -40,6 +40,8 @@ pub(super) struct VgpuState {
     /// Positions of its GPUs in `WindowScheduler::gpus`.
     pub(super) positions: Vec<usize>,
     pub(super) frozen: bool,
+    /// Its user paused it: it has no work, holds no window and gets no order.
+    pub(super) held: bool,
     pub(super) has_work: bool,
     pub(super) last_work: Instant,
     pub(super) window_end: Option<Instant>,

@@ -534,3 +534,352 @@ fn time_nobody_else_could_use_is_not_paid_back_by_waiting() {
         "waited {worst:?}"
     );
 }
+
+// Holds: a vGPU whose user paused its container.
+
+impl Node {
+    /// Holds or lets go of `id` at `ms`, as the node service does: from a hold on, the
+    /// container's freezer is its user's, so this node's record of it is dropped; an unhold
+    /// finds it running (its user resumed it).
+    fn hold(&mut self, id: u64, held: bool, ms: u64) {
+        self.now = ms;
+        assert!(self.s.hold(v(id), held, at(ms)));
+        self.frozen.remove(&id);
+    }
+
+    /// Checks what a hold promises after a decision: no order for a held vGPU, which has no
+    /// work, holds no window, waits for none and is kept for none.
+    fn check_held(&self, held: &BTreeSet<u64>, d: &Decision) {
+        for a in &d.actions {
+            let (Action::Freeze(id) | Action::Thaw(id)) = *a;
+            assert!(!held.contains(&id.0), "{a:?} names a held vGPU");
+        }
+        for &id in held {
+            let view = self.s.vgpu(v(id)).unwrap();
+            assert_eq!(view.state, RunState::Held);
+            assert!(!view.has_work && view.window_end.is_none() && view.waiting_since.is_none());
+            assert!(self.s.is_held(v(id)));
+            assert!(!self.s.frozen().any(|f| f == v(id)));
+        }
+        for g in 0..self.s.gpus.len() as u32 {
+            let gpu = self.s.gpu(GpuIndex(g)).unwrap();
+            for who in [gpu.holder, gpu.reserved_for].into_iter().flatten() {
+                assert!(!held.contains(&who.0), "GPU {g} is kept for held {who}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_held_window_holder_passes_the_window_on_at_once() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    let d = n.sample(50, &[1, 2]);
+    assert_eq!(d.actions, vec![Action::Freeze(v(2))]);
+    // 1 holds the window until 200 ms; its user pauses it at 60.
+    n.hold(1, true, 60);
+    let d = n.decide(60);
+    assert_eq!(d.actions, vec![Action::Thaw(v(2))], "no order for 1");
+    assert_eq!(n.s.gpu(GpuIndex(0)).unwrap().holder, Some(v(2)));
+    assert_eq!(n.stats(2).wait_time, Duration::from_millis(10));
+    assert_eq!(d.next_due, None, "nobody waits: 1 is not waiting");
+    // While held, its samples are ignored, and 2 runs alone for as long as it works.
+    n.run(60, 3_000, |_, _| true);
+    assert!(n.frozen().is_empty());
+    assert_eq!(n.s.vgpu(v(1)).unwrap().state, RunState::Held);
+    assert_eq!(
+        n.stats(2).windows,
+        1,
+        "an extended window, never interrupted"
+    );
+    n.check_held(&BTreeSet::from([1]), &Decision::default());
+}
+
+#[test]
+fn a_held_vgpu_that_was_frozen_is_left_frozen_by_its_user_and_stops_waiting() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    assert_eq!(n.frozen(), vec![2]);
+    n.hold(2, true, 100);
+    assert_eq!(
+        n.stats(2).wait_time,
+        Duration::from_millis(50),
+        "its wait ends"
+    );
+    assert_eq!(n.s.vgpu(v(2)).unwrap().waiting_since, None);
+    // 1's window would have ended at 200 for 2: it now extends, and 2 is never thawed.
+    for t in (100..2_000).step_by(50) {
+        let d = n.sample(t, &[1, 2]);
+        assert!(d.actions.is_empty(), "at {t}: {:?}", d.actions);
+        n.check_held(&BTreeSet::from([2]), &d);
+    }
+    assert_eq!(
+        n.s.unbind(v(2), at(2_000)).unwrap().thaw,
+        None,
+        "its user's"
+    );
+}
+
+#[test]
+fn an_unheld_vgpu_rejoins_thawed_and_is_frozen_when_it_works_without_the_window() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    assert_eq!(n.frozen(), vec![2]);
+    n.hold(2, true, 60);
+    n.run(60, 1_000, |_, _| true);
+    // Resumed: it runs, without work, and is given no order until it shows work.
+    n.hold(2, false, 1_000);
+    let view = n.s.vgpu(v(2)).unwrap();
+    assert_eq!((view.state, view.has_work), (RunState::Running, false));
+    assert!(n.decide(1_000).actions.is_empty(), "no thaw: it runs");
+    assert_eq!(n.s.vgpu(v(1)).unwrap().window_end, Some(at(1_010)));
+    let d = n.sample(1_000, &[1, 2]);
+    assert_eq!(d.actions, vec![Action::Freeze(v(2))], "1 holds the window");
+    // And they take turns again.
+    n.run(1_100, 5_000, |_, _| true);
+    assert!(n.stats(2).windows >= 5, "{:?}", n.stats(2));
+    let (a, b) = (n.gpu_secs(1), n.gpu_secs(2));
+    assert!(b > 1.5, "2 got {b} s of the last 4, 1 got {a} s in all");
+}
+
+#[test]
+fn an_unheld_vgpu_alone_with_work_is_never_frozen() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.hold(2, true, 0);
+    n.run(0, 1_000, |id, _| id == 1);
+    n.hold(2, false, 1_000);
+    n.run(1_000, 3_000, |id, _| id == 2);
+    assert!(n.frozen().is_empty());
+    assert_eq!(n.s.gpu(GpuIndex(0)).unwrap().holder, Some(v(2)));
+}
+
+#[test]
+fn the_pause_banks_no_virtual_time() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.run(0, 2_000, |_, _| true);
+    n.hold(2, true, 2_000);
+    n.run(2_000, 20_000, |_, _| true);
+    n.hold(2, false, 20_000);
+    let before = (n.gpu_secs(1), n.gpu_secs(2));
+    n.run(20_000, 30_000, |_, _| true);
+    let (a, b) = (n.gpu_secs(1) - before.0, n.gpu_secs(2) - before.1);
+    assert!(
+        (a - b).abs() < 0.5,
+        "after the resume they share, 2 does not catch up: {a} vs {b}"
+    );
+}
+
+#[test]
+fn holding_a_busy_high_vgpu_lets_the_others_run() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(5, &[0], 1, Priority::High);
+    n.sample(0, &[1, 5]);
+    assert_eq!(n.frozen(), vec![1]);
+    n.hold(5, true, 20);
+    let d = n.decide(20);
+    assert_eq!(d.actions, vec![Action::Thaw(v(1))]);
+    n.run(50, 1_000, |_, _| true);
+    assert!(n.frozen().is_empty());
+}
+
+#[test]
+fn holding_a_multi_gpu_vgpu_drops_its_reservations() {
+    let mut n = Node::new(2);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[1], 4, Priority::Normal);
+    n.bind(9, &[0, 1], 1, Priority::Normal);
+    // Find a moment at which 9 keeps a GPU while it waits for the other.
+    let mut t = 0;
+    let kept = loop {
+        let running: Vec<u64> = [1, 2, 9]
+            .into_iter()
+            .filter(|id| !n.frozen.contains(id))
+            .collect();
+        n.sample(t, &running);
+        let kept = (0..2).any(|g| n.s.gpu(GpuIndex(g)).unwrap().reserved_for == Some(v(9)));
+        if kept && n.frozen.contains(&9) {
+            break t;
+        }
+        t += 50;
+        assert!(t < 20_000, "9 never waited holding a reservation");
+    };
+    n.hold(9, true, kept + 10);
+    let d = n.decide(kept + 10);
+    n.check_held(&BTreeSet::from([9]), &d);
+    // With 9 held, 1 and 2 are each alone on their GPU: both run.
+    n.run(kept + 50, kept + 2_000, |_, _| true);
+    assert!(n.frozen().is_empty(), "{:?}", n.frozen());
+}
+
+#[test]
+fn holds_are_idempotent_and_unknown_vgpus_are_refused() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    assert!(
+        n.s.hold(v(1), false, at(0)),
+        "unholding one not held changes nothing"
+    );
+    assert_eq!(n.s.vgpu(v(1)).unwrap().state, RunState::Running);
+    assert!(n.s.hold(v(1), true, at(10)));
+    assert!(n.s.hold(v(1), true, at(20)));
+    assert!(n.s.is_held(v(1)));
+    assert!(!n.s.hold(v(7), true, at(30)));
+    assert!(!n.s.is_held(v(7)));
+}
+
+/// A vGPU held from the start is a vGPU that never has work: every order for the others, and
+/// every `next_due`, is the same, whatever its samples say.
+#[derive(Clone, Debug)]
+struct HeldCase {
+    bindings: Vec<(Vec<u32>, u32, Priority)>,
+    /// Per sample, each vGPU's demand as a bit.
+    samples: Vec<u8>,
+}
+
+fn held_case() -> impl proptest::strategy::Strategy<Value = HeldCase> {
+    use proptest::prelude::*;
+    let binding = (
+        proptest::sample::subsequence(vec![0u32, 1, 2], 1..=2),
+        1u32..=4,
+        prop_oneof![
+            6 => Just(Priority::Normal),
+            1 => Just(Priority::Low),
+            1 => Just(Priority::High),
+        ],
+    );
+    (
+        proptest::collection::vec(binding, 2..=5),
+        proptest::collection::vec(any::<u8>(), 1..120),
+    )
+        .prop_map(|(bindings, samples)| HeldCase { bindings, samples })
+}
+
+/// One step of a random run with holds.
+#[derive(Clone, Debug)]
+enum HoldOp {
+    Sample(u8),
+    Hold(u64),
+    Unhold(u64),
+    Wait(u64),
+}
+
+fn hold_ops() -> impl proptest::strategy::Strategy<Value = Vec<HoldOp>> {
+    use proptest::prelude::*;
+    proptest::collection::vec(
+        prop_oneof![
+            6 => any::<u8>().prop_map(HoldOp::Sample),
+            1 => (1u64..=5).prop_map(HoldOp::Hold),
+            1 => (1u64..=5).prop_map(HoldOp::Unhold),
+            2 => (1u64..400).prop_map(HoldOp::Wait),
+        ],
+        1..200,
+    )
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    #[test]
+    fn a_vgpu_held_from_the_start_is_one_that_never_works(case in held_case(), which in 0usize..5) {
+        let held = (which % case.bindings.len()) as u64 + 1;
+        let mut a = Node::new(3);
+        let mut b = Node::new(3);
+        for (i, (gpus, weight, priority)) in case.bindings.iter().enumerate() {
+            a.bind(i as u64 + 1, gpus, *weight, *priority);
+            b.bind(i as u64 + 1, gpus, *weight, *priority);
+        }
+        a.hold(held, true, 0);
+        let mut t = 0;
+        for bits in &case.samples {
+            let working = |n: &Node, with_held: bool| -> Vec<u64> {
+                (1..=case.bindings.len() as u64)
+                    .filter(|&id| bits >> (id - 1) & 1 == 1 && !n.frozen.contains(&id))
+                    .filter(|&id| with_held || id != held)
+                    .collect()
+            };
+            let wa = working(&a, true);
+            let wb = working(&b, false);
+            let da = a.sample(t, &wa);
+            let db = b.sample(t, &wb);
+            proptest::prop_assert_eq!(&da, &db);
+            a.check_held(&BTreeSet::from([held]), &da);
+            t += SAMPLE_MS;
+        }
+    }
+
+    #[test]
+    fn a_held_vgpu_never_gets_an_order_and_the_others_keep_the_rules(
+        case in held_case(),
+        ops in hold_ops(),
+    ) {
+        let mut n = Node::new(3);
+        let count = case.bindings.len() as u64;
+        for (i, (gpus, weight, priority)) in case.bindings.iter().enumerate() {
+            n.bind(i as u64 + 1, gpus, *weight, *priority);
+        }
+        let mut held = BTreeSet::new();
+        let mut t = 0;
+        for op in ops {
+            let d = match op {
+                HoldOp::Sample(bits) => {
+                    let working: Vec<u64> = (1..=count)
+                        .filter(|&id| bits >> (id - 1) & 1 == 1 && !n.frozen.contains(&id))
+                        .collect();
+                    n.sample(t, &working)
+                }
+                HoldOp::Hold(id) | HoldOp::Unhold(id) if id > count => continue,
+                HoldOp::Hold(id) => {
+                    n.hold(id, true, t);
+                    held.insert(id);
+                    n.decide(t)
+                }
+                HoldOp::Unhold(id) => {
+                    // Released only when held: the node service's rule (its user resumed it).
+                    if !held.remove(&id) {
+                        continue;
+                    }
+                    n.hold(id, false, t);
+                    n.decide(t)
+                }
+                HoldOp::Wait(ms) => {
+                    t += ms;
+                    n.decide(t)
+                }
+            };
+            n.check_held(&held, &d);
+            // The others keep the window rules: on each GPU, at most one non-high vGPU runs
+            // with work, and a vGPU is frozen only while it has work.
+            for g in 0..3u32 {
+                let gpu = n.s.gpu(GpuIndex(g)).unwrap();
+                let running_with_work = gpu
+                    .bound
+                    .iter()
+                    .filter(|id| {
+                        let view = n.s.vgpu(**id).unwrap();
+                        view.binding.priority != Priority::High
+                            && view.state == RunState::Running
+                            && view.has_work
+                    })
+                    .count();
+                proptest::prop_assert!(running_with_work <= 1, "GPU {}: {:?}", g, gpu);
+            }
+            for &id in &n.frozen {
+                proptest::prop_assert!(n.s.vgpu(v(id)).unwrap().has_work);
+            }
+            t += 1;
+        }
+    }
+}

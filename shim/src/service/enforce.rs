@@ -4,6 +4,9 @@
 //! run at once; all the freezes of one decision are requested together and confirmed together
 //! ([`crate::cgroup::freeze_all`]). A freeze that cannot be confirmed is undone by the cgroup
 //! layer and logged: the container runs on rather than stay frozen outside a window.
+//!
+//! A held container (its user paused it) is its user's: no order, release, exit or shutdown
+//! freezes or thaws it until it is unheld.
 
 use std::time::{Duration, Instant};
 
@@ -23,8 +26,10 @@ pub(super) struct Enforced {
     pub frozen_since: Option<Instant>,
     /// Time frozen before that.
     pub frozen_total: Duration,
-    /// When it was last thawed.
+    /// When it was last thawed (or resumed by its user).
     pub thawed_at: Option<Instant>,
+    /// Held: its user paused it; the service neither freezes nor thaws it.
+    pub held: bool,
 }
 
 impl Enforced {
@@ -34,6 +39,19 @@ impl Enforced {
             frozen_since: None,
             frozen_total: Duration::ZERO,
             thawed_at: None,
+            held: false,
+        }
+    }
+
+    /// Its user paused it (`held`) or resumed it. A freeze of the service's in force becomes
+    /// its user's pause: it is no longer counted, and never undone by the service.
+    pub fn set_held(&mut self, held: bool) {
+        self.held = held;
+        if let Some(since) = self.frozen_since.take() {
+            self.frozen_total += since.elapsed();
+        }
+        if !held {
+            self.thawed_at = Some(Instant::now());
         }
     }
 
@@ -42,9 +60,9 @@ impl Enforced {
         self.frozen_total + self.frozen_since.map_or(Duration::ZERO, |s| s.elapsed())
     }
 
-    /// Thaws it if frozen; true when it was.
+    /// Thaws it if the service froze it (never when held); true when it did.
     fn thaw(&mut self, vgpu: VgpuId) -> Result<bool, CgroupError> {
-        let Some(since) = self.frozen_since else {
+        let Some(since) = self.frozen_since.filter(|_| !self.held) else {
             return Ok(false);
         };
         let result = self.cgroup.thaw();
@@ -64,6 +82,7 @@ impl Enforced {
 
 impl Service {
     /// Carries out freeze and thaw orders: freezes first, confirmed together, then thaws.
+    /// Orders naming a held container are not carried out (the scheduler gives none).
     pub(super) fn carry_out(&mut self, actions: &[Action]) {
         if actions.is_empty() {
             return;
@@ -72,7 +91,11 @@ impl Service {
         let freezes: Vec<VgpuId> = actions
             .iter()
             .filter_map(|a| match a {
-                Action::Freeze(v) if self.enforced.contains_key(v) => Some(*v),
+                Action::Freeze(v) if self.enforced.get(v).is_some_and(|e| !e.held) => Some(*v),
+                Action::Freeze(v) if self.enforced.contains_key(v) => {
+                    tracing::error!("{v}: an order to freeze it while held was not carried out");
+                    None
+                }
                 _ => None,
             })
             .collect();
@@ -106,7 +129,7 @@ impl Service {
         let mut thawed = 0;
         for action in actions {
             if let Action::Thaw(vgpu) = action {
-                if let Some(e) = self.enforced.get_mut(vgpu) {
+                if let Some(e) = self.enforced.get_mut(vgpu).filter(|e| !e.held) {
                     match e.thaw(*vgpu) {
                         Ok(_) => thawed += 1,
                         Err(CgroupError::Gone(_)) => exited.push(*vgpu),

@@ -8,7 +8,9 @@
 //!
 //! Fail open (DESIGN.md): every freeze that cannot be confirmed is undone; a released or exited
 //! container is thawed; SIGTERM thaws every frozen container and exits 0; at start every
-//! recovered container is thawed, since nothing holds a window yet.
+//! recovered container is thawed, since nothing holds a window yet. A held container (its user
+//! paused it: `hold` on the socket, saved with its record) is its user's: no order, release,
+//! exit, shutdown or start freezes or thaws it until `unhold`.
 
 mod enforce;
 mod recover;

@@ -1,13 +1,14 @@
 //! Starting again from `state_dir`: every saved vGPU whose container still runs is bound again
-//! as it was; every saved container is thawed first (nothing holds a window at start); what
-//! cannot be bound again (its container is gone, its GPU changed, its memory no longer fits) is
-//! dropped with a log line saying why.
+//! as it was; every saved container is thawed first (nothing holds a window at start), except a
+//! held one (its user paused it: it stays paused, and rejoins held); what cannot be bound again
+//! (its container is gone, its GPU changed, its memory no longer fits) is dropped with a log
+//! line saying why.
 
 use std::time::{Duration, SystemTime};
 
 use gpuplex_scheduler::accounting::{GpuStats, VgpuStats};
 use gpuplex_scheduler::inventory::Assignment;
-use gpuplex_scheduler::node::{Attachment, Target, VgpuRecord};
+use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
@@ -22,8 +23,9 @@ impl Service {
         for why in &loaded.unreadable {
             tracing::error!("state: {why}");
         }
-        // Fail open first: whatever gpuplex may have frozen is thawed before anything else.
-        for saved in &loaded.vgpus {
+        // Fail open first: whatever gpuplex may have frozen is thawed before anything else. A
+        // held container is frozen by its user, not by gpuplex: it is left as it is.
+        for saved in loaded.vgpus.iter().filter(|s| !s.held) {
             if let Some(cgroup) = saved.attachment.as_ref().and_then(|a| a.freezer.cgroup()) {
                 if cgroup.path().is_dir() {
                     if let Err(e) = cgroup.thaw() {
@@ -176,7 +178,23 @@ impl Service {
         };
         self.node.restore(record, now).map_err(|e| e.to_string())?;
         if let Some(cgroup) = cgroup {
-            self.enforced.insert(id, Enforced::new(cgroup));
+            let mut enforced = Enforced::new(cgroup);
+            if saved.held {
+                // Restored attached, so the node accepts the hold; were it refused, the
+                // service would still leave the cgroup alone (`Enforced::held`).
+                if let Err(e) = self.node.hold(&ReleaseKey::Vgpu(id), true, now) {
+                    tracing::error!("{id}: cannot hold it again: {e}");
+                }
+                enforced.set_held(true);
+                tracing::info!(
+                    "{id} ({}): held (paused by its user): left as it is until unhold",
+                    saved
+                        .attachment
+                        .as_ref()
+                        .map_or("", |a| a.container.as_str())
+                );
+            }
+            self.enforced.insert(id, enforced);
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The node socket's requests, carried out: the node decides, the service finds cgroups and
 //! saves the result before it answers. A request that fails leaves nothing behind: a
-//! reservation or registration whose record cannot be saved is released again.
+//! reservation or registration whose record cannot be saved is released again; a hold or unhold
+//! that cannot be saved is refused, and changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -25,6 +26,7 @@ impl Service {
                 ..Reply::default()
             },
             Request::Release(key) => self.release(&key),
+            Request::Hold { key, held } => self.hold(&key, held),
             Request::Reserve { annotations } => self.reserve(&annotations),
             Request::Attach { vgpu, attachment } => self.attach(vgpu, attachment),
             Request::Register {
@@ -147,6 +149,54 @@ impl Service {
         reply
     }
 
+    /// Holds a container its user paused (`held`), or lets it go again once its user resumed
+    /// it. From the hold until the unhold the service never freezes or thaws its cgroup (a
+    /// freeze of its own becomes its user's pause); the hold is saved before it takes effect,
+    /// so that a restart does not thaw it either.
+    fn hold(&mut self, key: &ReleaseKey, held: bool) -> Reply {
+        let vgpu = match self.node.attached(key) {
+            Ok(v) => v,
+            Err(e) => return Reply::error(e),
+        };
+        if self.node.is_held(vgpu) == held {
+            return self.reply(vgpu);
+        }
+        let Some(enforced) = self.enforced.get(&vgpu) else {
+            return Reply::error(format!("{vgpu} has no cgroup the node service enforces"));
+        };
+        let saved = self.saved(vgpu, Some(&enforced.cgroup), held);
+        if let Err(e) = self.state.save(&saved) {
+            tracing::error!("{vgpu}: {e}");
+            return Reply::error(if held {
+                format!("{e}; {vgpu} is not held, since a restart would have thawed it")
+            } else {
+                format!("{e}; {vgpu} stays held, since a restart would have held it again")
+            });
+        }
+        if let Err(e) = self.node.hold(&ReleaseKey::Vgpu(vgpu), held, self.now()) {
+            return Reply::error(e);
+        }
+        let container = self.container_of(vgpu);
+        if let Some(e) = self.enforced.get_mut(&vgpu) {
+            e.set_held(held);
+            let frozen = e.cgroup.is_frozen().unwrap_or(false);
+            if held {
+                tracing::info!(
+                    "{vgpu} ({container}): held (paused by its user): no window, never frozen or thawed by gpuplex until unhold"
+                );
+            } else if frozen {
+                tracing::warn!(
+                    "{vgpu} ({container}): unheld while its cgroup is still frozen: it is left for its user to resume, and scheduled from its next sample"
+                );
+            } else {
+                tracing::info!(
+                    "{vgpu} ({container}): unheld (resumed by its user): scheduled again"
+                );
+            }
+        }
+        self.reply(vgpu)
+    }
+
     fn freezer_of(&self, target: &Target) -> Result<FreezerCgroup, String> {
         let found = match target {
             Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
@@ -166,14 +216,19 @@ impl Service {
         self.enforced.insert(vgpu, Enforced::new(cgroup));
     }
 
-    /// Saves a vGPU's record; on failure releases it and returns the error reply.
-    fn save(&mut self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>) -> Result<(), String> {
-        let record = self.node.record(vgpu).expect("just reserved or attached");
+    /// What is saved of a vGPU (known to the node), `held` or not.
+    fn saved(&self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>, held: bool) -> SavedVgpu {
+        let record = self.node.record(vgpu).expect("a vGPU the node knows");
         let age = self.now().saturating_since(record.reserved_at);
         let reserved_at = SystemTime::now()
             .checked_sub(age)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let saved = saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at);
+        saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at, held)
+    }
+
+    /// Saves a vGPU's record; on failure releases it and returns the error reply.
+    fn save(&mut self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>) -> Result<(), String> {
+        let saved = self.saved(vgpu, cgroup, self.node.is_held(vgpu));
         match self.state.save(&saved) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -240,6 +295,7 @@ fn saved_vgpu(
     cgroup: Option<&FreezerCgroup>,
     uuids: &BTreeMap<u32, String>,
     reserved_at: SystemTime,
+    held: bool,
 ) -> SavedVgpu {
     SavedVgpu {
         format: FORMAT,
@@ -270,5 +326,6 @@ fn saved_vgpu(
                 freezer: SavedFreezer::of(cgroup),
             })
         }),
+        held,
     }
 }

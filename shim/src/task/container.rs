@@ -375,9 +375,24 @@ impl Container {
         }
     }
 
-    /// `Pause` and `Resume`.
-    pub fn set_paused(&self, paused: bool) -> Result<(), TaskError> {
-        let (result, state, what) = if paused {
+    /// `Pause` and `Resume`. A container with a vGPU is held by the node service first (it
+    /// then never thaws it) and let go only after runc has resumed it, so that the scheduler
+    /// cannot undo the user's pause in between.
+    pub fn set_paused(&self, paused: bool, node: &NodeLink) -> Result<(), TaskError> {
+        let held = self.vgpu.is_some();
+        if paused && held {
+            node.hold(&self.id, true).map_err(TaskError::Vgpu)?;
+        }
+        // Frozen by the scheduler when the hold came: runc sees it paused already (and would
+        // refuse, "container not running"), and the hold keeps it so.
+        let frozen_already = paused
+            && held
+            && self
+                .scheduler_freezer()
+                .is_some_and(|f| f.is_frozen().unwrap_or(false));
+        let (result, state, what) = if frozen_already {
+            (Ok(()), Lifecycle::Paused, "pause the container")
+        } else if paused {
             (
                 self.runc.pause(&self.id),
                 Lifecycle::Paused,
@@ -390,11 +405,19 @@ impl Container {
                 "resume the container",
             )
         };
-        result.map_err(|e| TaskError::Runc {
-            what,
-            why: runc_failure(&self.bundle, &e),
-        })?;
+        if let Err(e) = result {
+            if paused && held {
+                let _ = node.hold(&self.id, false);
+            }
+            return Err(TaskError::Runc {
+                what,
+                why: runc_failure(&self.bundle, &e),
+            });
+        }
         self.init.lifecycle.set(state);
+        if !paused && held {
+            node.hold(&self.id, false).map_err(TaskError::Vgpu)?;
+        }
         Ok(())
     }
 

@@ -48,7 +48,7 @@ struct Shared {
     containers: Mutex<HashMap<String, Container>>,
     events: EventSink,
     namespace: String,
-    node: Result<NodeLink, String>,
+    node: NodeLink,
     exit: Arc<ExitSignal>,
 }
 
@@ -140,11 +140,8 @@ impl TaskService {
             .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
     }
 
-    fn node(&self) -> Result<&NodeLink, TaskError> {
-        self.shared
-            .node
-            .as_ref()
-            .map_err(|why| TaskError::Vgpu(why.clone()))
+    fn node(&self) -> &NodeLink {
+        &self.shared.node
     }
 
     fn with<T>(
@@ -177,7 +174,7 @@ impl TaskService {
             )));
         }
         let namespace = &self.shared.namespace;
-        let container = Container::create(&req, options, namespace, self.node()?)?;
+        let container = Container::create(&req, options, namespace, self.node())?;
         let pid = container.init.pid;
         containers.insert(req.id.clone(), container);
         let event = TaskCreate {
@@ -229,7 +226,7 @@ impl TaskService {
                 ..Default::default()
             });
         }
-        let (status, at) = c.delete(self.node()?);
+        let (status, at) = c.delete(self.node());
         let pid = c.init.pid;
         containers.remove(&req.id);
         let event = TaskDelete {
@@ -433,7 +430,8 @@ impl Task for TaskService {
     }
 
     fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
-        self.with(&req.id, |c| c.set_paused(true))?;
+        let node = self.node();
+        self.with(&req.id, |c| c.set_paused(true, node))?;
         let event = TaskPaused {
             container_id: req.id.clone(),
             ..Default::default()
@@ -445,7 +443,8 @@ impl Task for TaskService {
     }
 
     fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
-        self.with(&req.id, |c| c.set_paused(false))?;
+        let node = self.node();
+        self.with(&req.id, |c| c.set_paused(false, node))?;
         let event = TaskResumed {
             container_id: req.id.clone(),
             ..Default::default()

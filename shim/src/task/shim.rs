@@ -101,9 +101,7 @@ impl Shim for GpuplexShim {
         if Path::new(&rootfs).exists() {
             let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
         }
-        if let Ok(node) = NodeLink::from_env() {
-            node.release(&self.id);
-        }
+        NodeLink::from_env().release(&self.id);
         Ok(DeleteResponse {
             pid: 0,
             exit_status: 128 + libc::SIGKILL as u32,

@@ -21,7 +21,9 @@ const SERVICE_START: Duration = Duration::from_secs(5);
 /// Where the node service is, and what this shim tells it.
 #[derive(Debug)]
 pub struct NodeLink {
-    ctx: HookContext,
+    /// The hook library's context, or why gpuplex's configuration is unusable (which matters
+    /// only to containers that ask for a vGPU).
+    ctx: Result<HookContext, String>,
     config: PathBuf,
     named: bool,
 }
@@ -29,14 +31,21 @@ pub struct NodeLink {
 impl NodeLink {
     /// From gpuplex's configuration: `$GPUPLEX_CONFIG`, else `/etc/gpuplex/gpuplex.toml`
     /// (which may be absent).
-    pub fn from_env() -> Result<NodeLink, String> {
+    pub fn from_env() -> NodeLink {
         let env = std::env::var_os(CONFIG_ENV);
         let (config, named) = config_path(None, env.as_deref());
-        let mut ctx = HookContext::from_config("create", named.then_some(config.as_path()))
-            .map_err(|e| e.message)?;
-        // The shim attaches and releases the container itself: no hook in the spec.
-        ctx.hook = None;
-        Ok(NodeLink { ctx, config, named })
+        let ctx = HookContext::from_config("create", named.then_some(config.as_path()))
+            .map(|mut ctx| {
+                // The shim attaches and releases the container itself: no hook in the spec.
+                ctx.hook = None;
+                ctx
+            })
+            .map_err(|e| e.message);
+        NodeLink { ctx, config, named }
+    }
+
+    fn ctx(&self) -> Result<&HookContext, String> {
+        self.ctx.as_ref().map_err(Clone::clone)
     }
 
     /// If `bundle`'s config.json asks for a vGPU: reserves one, edits config.json in place and
@@ -48,8 +57,9 @@ impl NodeLink {
         if !stages::concerns_gpuplex("precreate", &proposed) {
             return Ok(None);
         }
-        self.ensure_service()?;
-        let edited = stages::precreate(&self.ctx, &proposed).map_err(|e| e.message)?;
+        let ctx = self.ctx()?;
+        self.ensure_service(ctx)?;
+        let edited = stages::precreate(ctx, &proposed).map_err(|e| e.message)?;
         let vgpu = serde_json::from_slice::<Value>(&edited)
             .ok()
             .and_then(|c| c["annotations"][VGPU_ID].as_str().map(str::to_owned))
@@ -66,38 +76,46 @@ impl NodeLink {
 
     /// Attaches container `id`, whose init is `pid`, to its reservation `vgpu`.
     pub fn attach(&self, vgpu: &str, id: &str, pid: u32) -> Result<(), String> {
-        let mut client = NodeClient::connect(&self.ctx.socket).map_err(|e| e.to_string())?;
+        let ctx = self.ctx()?;
+        let mut client = NodeClient::connect(&ctx.socket).map_err(|e| e.to_string())?;
         let reply = client
             .request(&json!({"op": "attach", "vgpu": vgpu, "container": id, "pid": pid}))
             .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))?;
         // The identity now names its container, as under podman.
         if let Some(v) = reply.vgpu {
-            let _ = identity::write(&self.ctx.identity_dir, &Identity::of(&v, &self.ctx.node));
+            let _ = identity::write(&ctx.identity_dir, &Identity::of(&v, &ctx.node));
         }
         Ok(())
+    }
+
+    /// Holds container `id` out of scheduling while its user has it paused (`held`), or
+    /// lets it back in.
+    pub fn hold(&self, id: &str, held: bool) -> Result<(), String> {
+        let mut client = NodeClient::connect(&self.ctx()?.socket).map_err(|e| e.to_string())?;
+        client.hold(id, held).map(drop).map_err(|e| {
+            let what = if held { "hold" } else { "let go of" };
+            format!("the gpuplex node service did not {what} {id}: {e}")
+        })
     }
 
     /// Releases the vGPU of `key` (a container or vGPU id); best effort: the service also
     /// releases a container whose processes are gone.
     pub fn release(&self, key: &str) {
-        let Ok(mut client) = NodeClient::connect(&self.ctx.socket) else {
+        let Ok(ctx) = self.ctx() else { return };
+        let Ok(mut client) = NodeClient::connect(&ctx.socket) else {
             return;
         };
         if let Ok(Some(vgpu)) = client.release(key) {
-            let _ = identity::remove(&self.ctx.identity_dir, &vgpu.id);
+            let _ = identity::remove(&ctx.identity_dir, &vgpu.id);
         }
     }
 
     /// Connects, or starts `containerd-shim-gpuplex-v1 serve` and waits for it to answer.
-    fn ensure_service(&self) -> Result<(), String> {
-        if NodeClient::connect(&self.ctx.socket).is_ok() {
+    fn ensure_service(&self, ctx: &HookContext) -> Result<(), String> {
+        if NodeClient::connect(&ctx.socket).is_ok() {
             return Ok(());
         }
-        let dir = self
-            .ctx
-            .socket
-            .parent()
-            .unwrap_or(Path::new("/run/gpuplex"));
+        let dir = ctx.socket.parent().unwrap_or(Path::new("/run/gpuplex"));
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let log_path = dir.join("service.log");
@@ -122,7 +140,7 @@ impl NodeLink {
             .map_err(|e| format!("cannot start the gpuplex node service: {e}"))?;
         let deadline = Instant::now() + SERVICE_START;
         while Instant::now() < deadline {
-            if NodeClient::connect(&self.ctx.socket).is_ok() {
+            if NodeClient::connect(&ctx.socket).is_ok() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -133,7 +151,7 @@ impl NodeLink {
             .unwrap_or_default();
         Err(format!(
             "the gpuplex node service did not come up on {} within {}s (its log, {}, ends: {last:?}); start it with `systemctl start gpuplex`",
-            self.ctx.socket.display(),
+            ctx.socket.display(),
             SERVICE_START.as_secs(),
             log_path.display()
         ))

@@ -313,11 +313,27 @@ impl TestCgroup {
         }
     }
 
-    fn thaw(&self) {
+    /// Thaws it through its freezer, as `runc resume` does.
+    pub fn thaw(&self) {
         let _ = match self.version {
             FreezerVersion::V1 => std::fs::write(self.path.join("freezer.state"), "THAWED"),
             FreezerVersion::V2 => std::fs::write(self.path.join("cgroup.freeze"), "0"),
         };
+    }
+
+    /// Freezes it through its freezer, as `runc pause` does, and waits until the kernel says
+    /// it is frozen.
+    pub fn freeze(&self) {
+        match self.version {
+            FreezerVersion::V1 => std::fs::write(self.path.join("freezer.state"), "FROZEN"),
+            FreezerVersion::V2 => std::fs::write(self.path.join("cgroup.freeze"), "1"),
+        }
+        .unwrap_or_else(|e| panic!("freeze {}: {e}", self.path.display()));
+        assert!(
+            wait_until(Duration::from_secs(2), || self.is_frozen()).is_some(),
+            "{} did not freeze",
+            self.path.display()
+        );
     }
 }
 

@@ -1,0 +1,214 @@
+//! gpuplex's containerd shim when the user or a crash intervenes (root, a private containerd,
+//! the node service on one fake GPU): a user's pause outlasts the scheduler's windows, and a
+//! shim killed with SIGKILL leaves nothing reserved and nothing frozen.
+
+use std::time::{Duration, Instant};
+
+use gpuplex_integration::containerd::*;
+use gpuplex_integration::*;
+use serde_json::Value;
+
+/// The node service, a containerd that reaches it, and two busy containers with vGPUs on its
+/// one GPU (so that one of them is frozen at any time).
+struct Rig {
+    containerd: Containerd,
+    service: NodeService,
+    _dir: tempfile::TempDir,
+}
+
+/// Containers `<prefix>-one` and `<prefix>-two` (ids distinct across tests: the shims of every
+/// containerd on the host are told apart by container id alone).
+fn busy_pair(test: &str, prefix: &str, minor: u32) -> Option<Rig> {
+    if !can_run_containerd(test) {
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let service = NodeService::start(&dir.path().join("node"), 1, minor, "");
+    let containerd = Containerd::start(Setup {
+        gpuplex_config: Some(service.config.clone()),
+        cri: false,
+    });
+    for name in [format!("{prefix}-one"), format!("{prefix}-two")] {
+        containerd.run_detached(
+            GPUPLEX,
+            &["gpuplex.io/gpu-memory=1Gi"],
+            &name,
+            &["sh", "-c", "while :; do :; done"],
+        );
+    }
+    let rig = Rig {
+        containerd,
+        service,
+        _dir: dir,
+    };
+    let both_listed = wait_until(Duration::from_secs(5), || {
+        rig.service.status()["containers"].as_array().map(Vec::len) == Some(2)
+    });
+    assert!(both_listed, "{}", rig.service.status());
+    Some(rig)
+}
+
+/// The v1 freezer state of the cgroup of `pid` (`THAWED`, `FROZEN`, `FREEZING`), if it has one.
+fn freezer_state(pid: u32) -> Option<String> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_owned()))?;
+    let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
+    std::fs::read_to_string(state)
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn entry(status: &Value, id: &str) -> Value {
+    status["containers"]
+        .as_array()
+        .and_then(|list| list.iter().find(|c| c["id"] == id).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// The pid of the shim daemon that serves container `id` (not its `start` or `delete` runs).
+fn shim_daemon(id: &str) -> Option<u32> {
+    for proc in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = proc.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(proc.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| a.ends_with("containerd-shim-gpuplex-v1"));
+        let serves = args.windows(2).any(|w| w[0] == "-id" && w[1] == id);
+        let daemon = args.iter().any(|a| a == "-socket");
+        if is_shim && serves && daemon {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_paused_container_stays_paused_through_the_windows_until_resumed() {
+    let Some(rig) = busy_pair(
+        "a_paused_container_stays_paused_through_the_windows_until_resumed",
+        "paused",
+        236,
+    ) else {
+        return;
+    };
+    let (c, service) = (&rig.containerd, &rig.service);
+    let pid_of = |id: &str| {
+        c.tasks()
+            .into_iter()
+            .find(|t| t.id == id)
+            .map(|t| t.pid)
+            .expect("the task")
+    };
+    let (one, two) = (pid_of("paused-one"), pid_of("paused-two"));
+    let out = c.pause("paused-one");
+    assert!(out.status.success(), "{}", text(&out));
+    // Two seconds are ten windows of 200 ms: the scheduler would have thawed it several times.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut other_frozen = 0;
+    while Instant::now() < deadline {
+        assert_eq!(
+            freezer_state(one).as_deref(),
+            Some("FROZEN"),
+            "{}",
+            service.status()
+        );
+        if freezer_state(two).as_deref() != Some("THAWED") {
+            other_frozen += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        other_frozen <= 2,
+        "the other was frozen {other_frozen} times out of 100"
+    );
+    assert_eq!(c.task_status("paused-one").as_deref(), Some("PAUSED"));
+    assert_eq!(entry(&service.status(), "paused-one")["state"], "paused");
+
+    let out = c.resume("paused-one");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(c.task_status("paused-one").as_deref(), Some("RUNNING"));
+    // Both busy again: they take turns, each frozen some of the time.
+    let mut frozen = [0, 0];
+    for _ in 0..100 {
+        for (i, pid) in [one, two].into_iter().enumerate() {
+            if freezer_state(pid).as_deref() == Some("FROZEN") {
+                frozen[i] += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        frozen[0] > 10 && frozen[1] > 10,
+        "frozen samples {frozen:?}"
+    );
+}
+
+#[test]
+fn a_shim_killed_with_sigkill_leaves_nothing_reserved_or_frozen() {
+    let Some(rig) = busy_pair(
+        "a_shim_killed_with_sigkill_leaves_nothing_reserved_or_frozen",
+        "killed",
+        237,
+    ) else {
+        return;
+    };
+    let (c, service) = (&rig.containerd, &rig.service);
+    let two = c
+        .tasks()
+        .into_iter()
+        .find(|t| t.id == "killed-two")
+        .map(|t| t.pid)
+        .expect("the task");
+    let shim = shim_daemon("killed-one").expect("the shim daemon of container killed-one");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill -9 the shim");
+    let killed = Instant::now();
+    // containerd notices, runs the shim's `delete` (runc delete --force): the task is gone.
+    assert!(
+        wait_until(Duration::from_secs(10), || c
+            .tasks()
+            .iter()
+            .all(|t| t.id != "killed-one" || t.status == "STOPPED")),
+        "{:?}\n{}",
+        c.tasks(),
+        c.log_tail()
+    );
+    // The node service lets it go, and the other container runs alone, never frozen.
+    assert!(
+        wait_until(Duration::from_secs(3), || entry(
+            &service.status(),
+            "killed-one"
+        )
+        .is_null()),
+        "{}",
+        service.status()
+    );
+    eprintln!("released {:?} after the shim's SIGKILL", killed.elapsed());
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..50 {
+        assert_eq!(
+            freezer_state(two).as_deref(),
+            Some("THAWED"),
+            "{}",
+            service.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        service.status()["containers"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
