@@ -36,7 +36,7 @@ demo: test-deps build
 # What the end-to-end tests run (tests/: podman, runc, containerd;
 # ../shared/notes/container-stack.md), from Debian, installed when missing (as root; without root
 # the tests that need them skip).
-TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static containerd
+TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static containerd protobuf-compiler
 test-deps:
 	@missing=""; for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -89,6 +89,9 @@ install: build
 			> $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d/$$(basename $$f); \
 	done
 	install -D -m 0644 config/runc-hooks.json $(DESTDIR)$(PREFIX)/share/gpuplex/runc-hooks.json
+	install -D -m 0644 config/containerd/config-v2.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v2.toml
+	install -D -m 0644 config/containerd/config-v3.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v3.toml
+	install -D -m 0644 config/kubernetes/runtimeclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/runtimeclass.yaml
 	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \

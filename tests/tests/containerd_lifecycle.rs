@@ -212,3 +212,56 @@ fn a_shim_killed_with_sigkill_leaves_nothing_reserved_or_frozen() {
         Some(1)
     );
 }
+
+#[test]
+fn runtime_options_from_a_config_file_choose_runcs_root_and_the_shim_sits_above_containerd() {
+    if !can_run_containerd(
+        "runtime_options_from_a_config_file_choose_runcs_root_and_the_shim_sits_above_containerd",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let service = NodeService::start(&dir.path().join("node"), 1, 238, "");
+    let c = Containerd::start(Setup {
+        gpuplex_config: Some(service.config.clone()),
+        cri: false,
+    });
+    // CRI's runtimeoptions.v1.Options: a TOML file of runc's options by their Go names.
+    let root = dir.path().join("runc-root");
+    let options = dir.path().join("runc-options.toml");
+    std::fs::write(
+        &options,
+        format!(
+            "BinaryName = \"/usr/bin/runc\"\nRoot = \"{}\"\n",
+            root.display()
+        ),
+    )
+    .expect("the options file");
+    let options = options.to_str().expect("a UTF-8 path").to_owned();
+    let id = "options-root";
+    let out = c
+        .run_command(
+            &["-d", "--runtime-config-path", &options],
+            GPUPLEX,
+            &[],
+            id,
+            &["sleep", "1000"],
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("ctr runs");
+    assert!(out.status.success(), "{}", text(&out));
+    // runc keeps its state under the chosen root, per namespace.
+    let states: Vec<_> = std::fs::read_dir(&root)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(states.len(), 1, "{} holds {states:?}", root.display());
+    let ours = std::fs::read_to_string("/proc/self/oom_score_adj").expect("our OOM score");
+    let shim = shim_daemon(id).expect("the shim daemon");
+    let score = std::fs::read_to_string(format!("/proc/{shim}/oom_score_adj")).expect("its score");
+    let ours: i64 = ours.trim().parse().expect("a score");
+    assert_eq!(score.trim().parse::<i64>().ok(), Some((ours + 1).min(1000)));
+    c.remove_all();
+    drop(c);
+    drop(service);
+}

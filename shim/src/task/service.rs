@@ -166,6 +166,14 @@ impl TaskService {
                 "gpuplex's shim does not restore checkpoints".into(),
             ));
         }
+        // Options sent with the task rather than at `start` (the legacy CreateOptions of
+        // containerd 1.6 clients): the shim cgroup applies now.
+        if !options.shim_cgroup.is_empty() {
+            containerd_shim::cgroup::add_task_to_cgroup(&options.shim_cgroup, std::process::id())
+                .map_err(|e| {
+                    TaskError::Invalid(format!("shim cgroup {}: {e}", options.shim_cgroup))
+                })?;
+        }
         let mut containers = self.containers();
         if containers.contains_key(&req.id) {
             return Err(TaskError::Precondition(format!(
