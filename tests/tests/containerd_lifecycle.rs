@@ -265,3 +265,54 @@ fn runtime_options_from_a_config_file_choose_runcs_root_and_the_shim_sits_above_
     drop(c);
     drop(service);
 }
+
+/// The pids of processes whose command line holds every one of `words`.
+fn processes_with(words: &[&str]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            words.iter().all(|w| cmdline.contains(w)).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn the_shim_starts_the_node_service_when_it_is_not_running() {
+    if !can_run_containerd("the_shim_starts_the_node_service_when_it_is_not_running") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // A configured node whose service is not running.
+    let mut service = NodeService::start(&dir.path().join("node"), 1, 239, "");
+    service.stop();
+    let config = service.config.to_str().expect("a UTF-8 path").to_owned();
+    assert!(processes_with(&["serve", &config]).is_empty());
+    let c = Containerd::start(Setup {
+        gpuplex_config: Some(service.config.clone()),
+        cri: false,
+    });
+    let out = c.run(
+        GPUPLEX,
+        &["gpuplex.io/gpu-memory=1Gi"],
+        "autostart",
+        &["sh", "-c", "echo CUDA=$CUDA_VISIBLE_DEVICES"],
+    );
+    let started = processes_with(&["containerd-shim-gpuplex-v1", "serve", &config]);
+    // Stopped again whatever the checks below say: SIGTERM thaws everything and exits.
+    for pid in &started {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "CUDA=GPU-fake-0\n");
+    assert_eq!(started.len(), 1, "node services started: {started:?}");
+    drop(c);
+}
