@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::protocol::VgpuReply;
-use gpuplex_scheduler::request::{PREFIX, VGPU_ID};
+use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_ID};
 use serde_json::{json, Value};
 
 use crate::client::{socket_from_config, ClientError, NodeClient, DEFAULT_CONFIG, DEFAULT_SOCKET};
@@ -108,6 +108,19 @@ fn gpuplex_only(annotations: &BTreeMap<String, String>) -> BTreeMap<String, Stri
         .collect()
 }
 
+/// The annotations that name a container's Kubernetes pod and namespace (the CRI plugin's and
+/// the kubelet's), which the node service keeps with a vGPU for status and metrics.
+fn pod_annotations(
+    annotations: Option<&serde_json::Map<String, Value>>,
+) -> BTreeMap<String, String> {
+    let keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
+    keys.filter_map(|key| {
+        let value = annotations?.get(*key)?.as_str()?;
+        Some((key.to_string(), value.to_owned()))
+    })
+    .collect()
+}
+
 /// Whether a stage has anything to do with this input: false only when the input parses and
 /// asks for no vGPU (no `gpuplex.io/` annotation), so that an unrelated container is never
 /// touched, even when gpuplex's own configuration is broken. Unreadable input is "ours": the
@@ -181,6 +194,10 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
         return Ok(input.to_vec());
     }
     let mut client = ctx.client(STAGE)?;
+    let mut annotations = annotations;
+    annotations.extend(pod_annotations(
+        config.get("annotations").and_then(Value::as_object),
+    ));
     let reply = client
         .request(&json!({"op": "reserve", "annotations": annotations}))
         .map_err(|e| service_error(STAGE, e))?;
@@ -275,6 +292,13 @@ pub fn create_runtime(
                 Err(service_error(stage, e))
             }
         };
+    }
+    let pod_keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
+    let all = bundle.annotations();
+    for key in pod_keys {
+        if let Some(value) = state.annotations.get(*key).or_else(|| all.get(*key)) {
+            annotations.insert(key.to_string(), value.clone());
+        }
     }
     let reply = client
         .request(&json!({"op": "register", "annotations": annotations, "container": state.id, "pid": pid}))

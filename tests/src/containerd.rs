@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 pub use config::{
     containerd_config, read_shipped_snippet, shipped_runtime_entry, shipped_snippet, table_at,
-    CRI_PLUGIN_V2, RUNTIMES_V2, RUNTIMES_V3,
+    table_at_mut, CRI_PLUGIN_V2, RUNTIMES_V2, RUNTIMES_V3,
 };
 
 use crate::{bin, busybox_rootfs, wait_until};
@@ -83,6 +83,8 @@ pub struct Containerd {
     pub namespace: String,
     /// Its gRPC socket.
     pub socket: PathBuf,
+    /// Whether its CRI plugin is loaded (its pods live in the `k8s.io` namespace).
+    cri: bool,
     child: Option<Child>,
 }
 
@@ -91,6 +93,12 @@ static NEXT_NAMESPACE: AtomicU32 = AtomicU32::new(0);
 impl Containerd {
     /// Starts one and waits until it answers `ctr version`.
     pub fn start(setup: Setup) -> Containerd {
+        Containerd::start_with(setup, |_| {})
+    }
+
+    /// The same, with `edit` applied to the generated `config.toml` (for example the CRI
+    /// plugin's `sandbox_image`) before containerd reads it.
+    pub fn start_with(setup: Setup, edit: impl FnOnce(&mut toml::Table)) -> Containerd {
         // Found (and checked fresh) before anything is made that a failure would leave behind.
         let shim = setup.gpuplex_config.as_ref().map(|_| bin(GPUPLEX_SHIM));
         let dir = tempfile::Builder::new()
@@ -106,8 +114,9 @@ impl Containerd {
         }
         let rootfs = busybox_rootfs(&dir);
         let config = dir.join("config.toml");
-        let text = toml::to_string(&containerd_config(&dir, setup.cri))
-            .expect("the containerd config serializes");
+        let mut table = containerd_config(&dir, setup.cri);
+        edit(&mut table);
+        let text = toml::to_string(&table).expect("the containerd config serializes");
         std::fs::write(&config, text).expect("writing the containerd config");
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd.log");
         let path = std::env::var_os("PATH").unwrap_or_default();
@@ -137,6 +146,7 @@ impl Containerd {
             ),
             rootfs,
             dir,
+            cri: setup.cri,
             child: Some(child),
         };
         containerd.wait_ready();
@@ -186,11 +196,16 @@ impl Containerd {
 
     /// `ctr` with this containerd's socket and namespace; add the command and its arguments.
     pub fn ctr_command(&self) -> Command {
+        self.ctr_command_in(&self.namespace)
+    }
+
+    /// `ctr` with this containerd's socket and `namespace` (the CRI plugin's is `k8s.io`).
+    pub fn ctr_command_in(&self, namespace: &str) -> Command {
         let mut c = Command::new("ctr");
         c.arg("--address")
             .arg(&self.socket)
             .arg("--namespace")
-            .arg(&self.namespace);
+            .arg(namespace);
         c
     }
 
@@ -365,6 +380,25 @@ impl Containerd {
         }
     }
 
+    /// The same in the CRI plugin's namespace, behind the CRI's back: the last resort for pods a
+    /// test did not remove through the CRI.
+    fn remove_all_cri(&self) {
+        let ctr = |args: &[&str]| {
+            self.ctr_command_in(crate::cri::CRI_NAMESPACE)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+        };
+        let Ok(out) = ctr(&["container", "ls", "-q"]) else {
+            return;
+        };
+        for id in String::from_utf8_lossy(&out.stdout).lines() {
+            eprintln!("removing CRI container {id} left behind, with ctr");
+            let _ = ctr(&["task", "rm", "--force", id]);
+            let _ = ctr(&["container", "rm", id]);
+        }
+    }
+
     /// Stops containerd (SIGTERM, SIGKILL after 10 s). Shims outlive it: remove the tasks first.
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
@@ -388,8 +422,14 @@ impl Drop for Containerd {
             eprintln!("--- containerd log (last lines) ---\n{}", self.log_tail());
         }
         self.remove_all();
+        if self.cri {
+            self.remove_all_cri();
+        }
         self.stop();
         cleanup::remove_namespace_leftovers(&self.namespace);
+        if self.cri {
+            cleanup::remove_namespace_leftovers(crate::cri::CRI_NAMESPACE);
+        }
         cleanup::unmount_and_remove(&self.dir);
     }
 }

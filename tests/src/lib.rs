@@ -7,6 +7,7 @@
 //! `cargo test --workspace` builds them; a missing one fails the test with what to run.
 
 pub mod containerd;
+pub mod cri;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -15,6 +15,17 @@ use gpuplex_hook::stages::{self, HookContext};
 use gpuplex_scheduler::request::VGPU_ID;
 use serde_json::{json, Value};
 
+/// How CRI marks a pod's sandbox (pause) container, which carries the pod's annotations too
+/// but runs no GPU work: it gets no vGPU.
+const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+
+/// Whether `config` is a pod's sandbox container.
+pub fn is_sandbox(config: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(config)
+        .map(|c| c["annotations"][CONTAINER_TYPE] == "sandbox")
+        .unwrap_or(false)
+}
+
 /// How long a node service started by the shim has to answer.
 const SERVICE_START: Duration = Duration::from_secs(5);
 
@@ -54,7 +65,7 @@ impl NodeLink {
         let path = bundle.join("config.json");
         let proposed =
             std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if !stages::concerns_gpuplex("precreate", &proposed) {
+        if !stages::concerns_gpuplex("precreate", &proposed) || is_sandbox(&proposed) {
             return Ok(None);
         }
         let ctx = self.ctx()?;
@@ -155,5 +166,20 @@ impl NodeLink {
             SERVICE_START.as_secs(),
             log_path.display()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_sandbox_gets_no_vgpu() {
+        let sandbox = br#"{"annotations":{"io.kubernetes.cri.container-type":"sandbox","gpuplex.io/gpu-memory":"2Gi"}}"#;
+        let workload = br#"{"annotations":{"io.kubernetes.cri.container-type":"container","gpuplex.io/gpu-memory":"2Gi"}}"#;
+        assert!(is_sandbox(sandbox));
+        assert!(!is_sandbox(workload));
+        assert!(!is_sandbox(b"{}"));
+        assert!(!is_sandbox(b"not json"));
     }
 }

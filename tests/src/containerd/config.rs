@@ -61,7 +61,7 @@ pub fn shipped_runtime_entry() -> Table {
 }
 
 /// The table at `path` in `table`, made (with the levels above it) when missing.
-fn table_at_mut<'a>(table: &'a mut Table, path: &[&str]) -> &'a mut Table {
+pub fn table_at_mut<'a>(table: &'a mut Table, path: &[&str]) -> &'a mut Table {
     path.iter().fold(table, |t, key| {
         t.entry(key.to_string())
             .or_insert_with(|| Value::Table(Table::new()))

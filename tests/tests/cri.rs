@@ -1,0 +1,301 @@
+//! gpuplex on the Kubernetes path (root): containerd 1.6's CRI plugin with gpuplex's shipped
+//! runtime handler, and the test acting as the kubelet through the CRI's gRPC API
+//! (../shared/notes/container-stack.md §9). A pod with gpuplex annotations runs under the
+//! `gpuplex` handler; its workload container gets the vGPU the annotations ask for, its sandbox
+//! (pause) container gets none, both are served by one shim, and removing the pod releases
+//! the vGPU.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpuplex_integration::containerd::*;
+use gpuplex_integration::cri::*;
+use gpuplex_integration::*;
+use serde_json::{json, Value};
+
+const GIB: u64 = 1 << 30;
+
+/// The images the test builds and imports.
+const PAUSE_IMAGE: &str = "gpuplex.test/pause:1";
+const BUSYBOX_IMAGE: &str = "gpuplex.test/busybox:1";
+
+/// The binary containerd runs for the gpuplex runtime: the shims and the node service.
+const SHIM: &str = "containerd-shim-gpuplex-v1";
+
+/// The node service's entry for container `id`, if it lists it.
+fn listed(status: &Value, id: &str) -> Option<Value> {
+    status["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["id"] == id)
+        .cloned()
+}
+
+/// The gpuplex shim daemons running now, as `(pid, the -id they serve)`: every
+/// `containerd-shim-gpuplex-v1` process with `-id` in its arguments that is neither the
+/// node service (`serve`) nor a short-lived `start` or `delete` run.
+fn shim_daemons() -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == SHIM));
+        let one_shot = args.last().is_some_and(|a| a == "start" || a == "delete");
+        let service = args.get(1).is_some_and(|a| a == "serve");
+        if !is_shim || one_shot || service {
+            continue;
+        }
+        if let Some(i) = args.iter().position(|a| a == "-id") {
+            if let Some(id) = args.get(i + 1) {
+                found.push((pid, id.clone()));
+            }
+        }
+    }
+    found
+}
+
+/// The parent of process `pid`.
+fn parent(pid: u64) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+}
+
+#[test]
+fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
+    let test = "a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it";
+    if !can_run_containerd(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let pause = dir.path().join("pause.tar");
+    let busybox = dir.path().join("busybox.tar");
+    busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
+    busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
+
+    // Dropped in reverse order: the pod (removed through the CRI), the client, containerd, the
+    // node service (after the containers released their vGPUs), the directory.
+    let service = NodeService::start(&dir.path().join("node"), 2, 230, "");
+    let started = Instant::now();
+    let containerd = Containerd::start_with(
+        Setup {
+            gpuplex_config: Some(service.config.clone()),
+            cri: true,
+        },
+        |config| {
+            table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
+                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
+        },
+    );
+    eprintln!(
+        "containerd with the CRI plugin answered after {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    for tarball in [&pause, &busybox] {
+        let took = import(&containerd, tarball);
+        eprintln!(
+            "ctr -n k8s.io images import {}: {:.0} ms",
+            tarball.file_name().expect("a name").to_string_lossy(),
+            took.as_secs_f64() * 1e3
+        );
+    }
+
+    let cri = Cri::connect(&containerd.socket);
+    let version = cri.version().expect("Version");
+    eprintln!(
+        "CRI: {} {} (API {})",
+        version.runtime_name, version.runtime_version, version.runtime_api_version
+    );
+    let pod_config = host_network_pod(
+        "trainer",
+        "ml",
+        &[("gpuplex.io/gpu-memory", "2Gi"), ("gpuplex.io/weight", "2")],
+    );
+    let mut pod = cri
+        .run_pod_sandbox(&pod_config, "gpuplex")
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", service.log()));
+    let container = pod
+        .create_container(&host_network_container(
+            "worker",
+            BUSYBOX_IMAGE,
+            &["sh", "-c", "sleep 1000"],
+            &[],
+        ))
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
+    cri.start_container(&container)
+        .unwrap_or_else(|e| panic!("StartContainer: {e}"));
+
+    // The sandbox ran under gpuplex's handler, and the container runs.
+    let sandbox_info = cri.sandbox_info(&pod.id).expect("PodSandboxStatus");
+    assert_eq!(
+        sandbox_info["runtimeHandler"], "gpuplex",
+        "{sandbox_info:#}"
+    );
+    assert_eq!(sandbox_info["runtimeType"], GPUPLEX, "{sandbox_info:#}");
+    let container_info = cri.container_info(&container).expect("ContainerStatus");
+    assert_eq!(
+        container_info["state"], "CONTAINER_RUNNING",
+        "{container_info:#}"
+    );
+    let spec = &container_info["runtimeSpec"];
+    assert_eq!(
+        spec["annotations"]["io.kubernetes.cri.sandbox-id"],
+        json!(pod.id)
+    );
+    assert_eq!(
+        spec["annotations"]["gpuplex.io/gpu-memory"], "2Gi",
+        "{spec}"
+    );
+    let sandbox_spec = &sandbox_info["runtimeSpec"];
+    assert_eq!(
+        sandbox_spec["annotations"]["io.kubernetes.cri.container-type"], "sandbox",
+        "{sandbox_spec}"
+    );
+    // What is wrong beyond the vGPU itself is gathered, so that one run shows all of it.
+    let mut problems = Vec::new();
+
+    // The workload container holds one vGPU: one GPU, 2 GiB on it, weight 2, in its pod.
+    assert!(
+        wait_until(Duration::from_secs(5), || listed(
+            &service.status(),
+            &container
+        )
+        .is_some()),
+        "the workload container is not listed: {:#}",
+        service.status()
+    );
+    let status = service.status();
+    eprintln!("node status with the pod running: {status}");
+    let entry = listed(&status, &container).expect("listed");
+    assert_eq!(entry["memory"], json!([2 * GIB]), "{entry}");
+    assert_eq!(entry["weight"], 2, "{entry}");
+    // The node service names the pod from the annotations CRI adds to the spec.
+    if entry["pod"] != "trainer" || entry["namespace"] != "ml" {
+        problems.push(format!(
+            "the workload container's entry names pod {} in namespace {}, but its spec says \
+             io.kubernetes.cri.sandbox-name {} and io.kubernetes.cri.sandbox-namespace {}: {entry}",
+            entry["pod"],
+            entry["namespace"],
+            spec["annotations"]["io.kubernetes.cri.sandbox-name"],
+            spec["annotations"]["io.kubernetes.cri.sandbox-namespace"],
+        ));
+    }
+    let gpus = entry["gpus"].as_array().expect("its GPUs");
+    assert_eq!(gpus.len(), 1, "{entry}");
+    let index = gpus[0].as_u64().expect("a GPU index") as usize;
+    let uuid = status["gpus"][index]["uuid"]
+        .as_str()
+        .expect("a UUID")
+        .to_owned();
+    // The sandbox (pause) container carries the pod's annotations too, but only the workload
+    // container asks for a vGPU: CRI marks the sandbox `io.kubernetes.cri.container-type:
+    // sandbox`.
+    let workload_only = status["containers"].as_array().map(Vec::len) == Some(1)
+        && status["reservations"].as_array().is_some_and(Vec::is_empty);
+    if !workload_only {
+        problems.push(format!(
+            "the node service must hold only the workload container {container}'s vGPU, not \
+             the sandbox {}'s (listed: {}): {status:#}",
+            pod.id,
+            listed(&status, &pod.id).is_some()
+        ));
+    }
+
+    // What the container sees agrees with the node service.
+    let exec = |command: &[&str]| -> String {
+        let out = cri
+            .exec_sync(&container, command, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("ExecSync {command:?}: {e}"));
+        assert_eq!(
+            out.exit_code,
+            0,
+            "ExecSync {command:?}: stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = exec(&["cat", "/run/gpuplex/vgpu.json"]);
+    let identity: Value = serde_json::from_str(&shown)
+        .unwrap_or_else(|e| panic!("/run/gpuplex/vgpu.json: {e}: {shown:?}"));
+    eprintln!("/run/gpuplex/vgpu.json in the container: {identity}");
+    assert_eq!(identity["vgpu"], entry["vgpu"], "{identity}");
+    assert_eq!(identity["weight"], 2, "{identity}");
+    assert_eq!(identity["priority"], entry["priority"], "{identity}");
+    assert_eq!(identity["container"], json!(container), "{identity}");
+    let gpu = &status["gpus"][index];
+    assert_eq!(
+        identity["gpus"],
+        json!([{"uuid": uuid, "index": index, "model": gpu["model"], "memory": 2 * GIB}]),
+        "{identity}"
+    );
+    let cuda = exec(&["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
+    assert_eq!(cuda, format!("{uuid}\n"));
+
+    // One shim serves the pod: the daemon started for the sandbox, the parent of the sandbox's
+    // process and of the container's.
+    let daemons = shim_daemons();
+    eprintln!("gpuplex shim daemons: {daemons:?}");
+    let for_pod: Vec<u32> = daemons
+        .iter()
+        .filter(|(_, id)| *id == pod.id)
+        .map(|(pid, _)| *pid)
+        .collect();
+    assert_eq!(for_pod.len(), 1, "sandbox {}: {daemons:?}", pod.id);
+    assert!(
+        daemons.iter().all(|(_, id)| *id != container),
+        "a shim of the container's own: {daemons:?}"
+    );
+    let sandbox_pid = sandbox_info["pid"].as_u64().expect("the sandbox's pid");
+    let container_pid = container_info["pid"].as_u64().expect("the container's pid");
+    assert_eq!(
+        parent(sandbox_pid),
+        Some(for_pod[0]),
+        "the sandbox's parent"
+    );
+    assert_eq!(
+        parent(container_pid),
+        Some(for_pod[0]),
+        "the container's parent"
+    );
+
+    // Removing the pod releases the vGPU, and the pod's shim goes.
+    pod.remove()
+        .unwrap_or_else(|e| panic!("StopPodSandbox, RemovePodSandbox: {e}"));
+    let removed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(2), || service.held() == (0, 0)),
+        "2 s after RemovePodSandbox: {:#}",
+        service.status()
+    );
+    eprintln!(
+        "released {:.0} ms after RemovePodSandbox returned",
+        removed.elapsed().as_secs_f64() * 1e3
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || shim_daemons()
+            .iter()
+            .all(|(_, id)| *id != pod.id)),
+        "the pod's shim still runs 5 s after RemovePodSandbox: {:?}",
+        shim_daemons()
+    );
+
+    eprintln!("CRI calls:");
+    for (call, took) in cri.timings() {
+        eprintln!("  {call:<18} {:>8.1} ms", took.as_secs_f64() * 1e3);
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
