@@ -215,3 +215,59 @@ fn a_terminal_reaches_the_container(runtime: &str, minor: u32) {
 
 parity!(a_terminal_reaches_the_container, minor 246:
     a_terminal_reaches_the_container_under_runc, a_terminal_reaches_the_container_under_gpuplex);
+
+fn metrics_and_processes_are_reported(runtime: &str, minor: u32) {
+    let Some(rig) = rig("metrics_and_processes_are_reported", runtime, minor) else {
+        return;
+    };
+    let c = &rig.containerd;
+    c.run_detached(runtime, &[], "measured", &["sleep", "1000"]);
+    let out = c.ctr(&["task", "metrics", "measured"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The same metrics as runc's shim, each with a value.
+    let shown = stdout(&out);
+    let metrics: Vec<&str> = shown
+        .lines()
+        .skip_while(|l| !l.starts_with("METRIC"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let expected = [
+        "memory.usage_in_bytes",
+        "memory.limit_in_bytes",
+        "memory.stat.cache",
+        "cpuacct.usage",
+        "cpuacct.usage_percpu",
+        "pids.current",
+        "pids.limit",
+    ];
+    assert_eq!(metrics, expected, "{shown}");
+    let usage = shown
+        .lines()
+        .find(|l| l.starts_with("memory.usage_in_bytes"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(usage > Some(0), "{shown}");
+    // `ctr task ps`: the container's one process, its init.
+    let out = c.ctr(&["task", "ps", "measured"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pid = c
+        .tasks()
+        .into_iter()
+        .find(|t| t.id == "measured")
+        .map(|t| t.pid);
+    let listed: Vec<u32> = stdout(&out)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(
+        listed,
+        pid.into_iter().collect::<Vec<_>>(),
+        "{}",
+        stdout(&out)
+    );
+}
+
+parity!(metrics_and_processes_are_reported, minor 247:
+    metrics_and_processes_are_reported_under_runc, metrics_and_processes_are_reported_under_gpuplex);

@@ -376,12 +376,8 @@ impl TaskService {
 
     fn do_stats(&self, req: StatsRequest) -> Result<StatsResponse, TaskError> {
         let pid = self.with(&req.id, |c| Ok(c.init.pid))?;
-        let cgroup = containerd_shim::cgroup::get_cgroup(pid)
-            .map_err(|e| TaskError::Precondition(format!("the cgroup of {}: {e}", req.id)))?;
-        let metrics = containerd_shim::cgroup::collect_metrics(&cgroup)
+        let any = super::metrics::of_pid(pid)
             .map_err(|e| TaskError::Precondition(format!("the metrics of {}: {e}", req.id)))?;
-        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
-            .map_err(|e| TaskError::Invalid(e.to_string()))?;
         Ok(StatsResponse {
             stats: MessageField::some(any),
             ..Default::default()
