@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+pub use k8s_cri::v1::LinuxContainerResources;
 use k8s_cri::v1::{
     ContainerConfig, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest,
     ExecSyncResponse, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
     PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
+    StartContainerRequest, StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
+    VersionResponse,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -384,6 +386,24 @@ impl Cri {
         };
         self.call("StartContainer", async move {
             client.start_container(request).await
+        })
+        .map(drop)
+    }
+
+    /// `UpdateContainerResources` of container `id` to `linux`.
+    pub fn update_container_resources(
+        &self,
+        id: &str,
+        linux: LinuxContainerResources,
+    ) -> Result<(), tonic::Status> {
+        let mut client = self.client.clone();
+        let request = UpdateContainerResourcesRequest {
+            container_id: id.to_owned(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call("UpdateContainerResources", async move {
+            client.update_container_resources(request).await
         })
         .map(drop)
     }

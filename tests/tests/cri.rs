@@ -245,6 +245,18 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
     let cuda = exec(&["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
     assert_eq!(cuda, format!("{uuid}\n"));
 
+    // The kubelet's resize reaches runc through the shim's Update.
+    cri.update_container_resources(
+        &container,
+        LinuxContainerResources {
+            memory_limit_in_bytes: 96 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("UpdateContainerResources: {e}"));
+    let limit = exec(&["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]);
+    assert_eq!(limit.trim(), (96u64 << 20).to_string());
+
     // One shim serves the pod: the daemon started for the sandbox, the parent of the sandbox's
     // process and of the container's.
     let daemons = shim_daemons();
