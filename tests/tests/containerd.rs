@@ -271,3 +271,90 @@ fn metrics_and_processes_are_reported(runtime: &str, minor: u32) {
 
 parity!(metrics_and_processes_are_reported, minor 247:
     metrics_and_processes_are_reported_under_runc, metrics_and_processes_are_reported_under_gpuplex);
+
+fn task_events_arrive_in_order_with_an_oom_kill(runtime: &str, minor: u32) {
+    let Some(rig) = rig(
+        "task_events_arrive_in_order_with_an_oom_kill",
+        runtime,
+        minor,
+    ) else {
+        return;
+    };
+    let c = &rig.containerd;
+    let mut events = c
+        .ctr_command()
+        .arg("events")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ctr events");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (seen, stream) = (std::sync::Arc::clone(&seen), events.stdout.take());
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stream.expect("its stdout")).lines() {
+                let Ok(line) = line else { break };
+                let mut seen = seen.lock().expect("the events");
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+        })
+    };
+    let saw = |what: &str| seen.lock().expect("the events").contains(what);
+    // `ctr events` subscribes a moment after it starts: a first container shows when it has.
+    let subscribed = wait_until(Duration::from_secs(10), || {
+        let _ = c.run(runtime, &[], "warmup", &["true"]);
+        wait_until(Duration::from_millis(500), || saw("\"warmup\""))
+    });
+    assert!(subscribed, "ctr events shows nothing");
+    // A string that doubles until the 32 MiB limit kills the shell.
+    let out = c
+        .run_command(
+            &["--rm", "--memory-limit", "33554432"],
+            runtime,
+            &[],
+            "oom",
+            &["sh", "-c", "a=x; while :; do a=$a$a; done"],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .expect("ctr runs");
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out));
+    let deleted = wait_until(Duration::from_secs(5), || {
+        saw("/tasks/delete {\"container_id\":\"oom\"")
+    });
+    let _ = events.kill();
+    let _ = events.wait();
+    let _ = reader.join();
+    let seen = seen.lock().expect("the events").clone();
+    assert!(deleted, "{seen}");
+    let topics: Vec<String> = seen
+        .lines()
+        .filter(|l| l.contains("\"container_id\":\"oom\""))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("/tasks/")))
+        .map(str::to_owned)
+        .collect();
+    // runc's shim sends the OOM and the exit in either order; every other step in this one.
+    let mut sorted = topics.clone();
+    if let Some(oom) = sorted.iter().position(|t| t == "/tasks/oom") {
+        let oom = sorted.remove(oom);
+        sorted.insert(2.min(sorted.len()), oom);
+    }
+    assert_eq!(
+        sorted,
+        [
+            "/tasks/create",
+            "/tasks/start",
+            "/tasks/oom",
+            "/tasks/exit",
+            "/tasks/delete"
+        ],
+        "{seen}"
+    );
+}
+
+parity!(task_events_arrive_in_order_with_an_oom_kill, minor 248:
+    task_events_arrive_in_order_with_an_oom_kill_under_runc,
+    task_events_arrive_in_order_with_an_oom_kill_under_gpuplex);

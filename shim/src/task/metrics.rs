@@ -13,7 +13,7 @@ use containerd_shim::protos::protobuf::MessageField;
 
 /// The v1 controllers of `pid` and their directories (`/sys/fs/cgroup/<controller><path>`),
 /// from `/proc/PID/cgroup`; empty on a v2-only host.
-fn v1_directories(proc_cgroup: &str) -> HashMap<String, PathBuf> {
+pub(crate) fn v1_directories(proc_cgroup: &str) -> HashMap<String, PathBuf> {
     let mut dirs = HashMap::new();
     for line in proc_cgroup.lines() {
         let mut fields = line.splitn(3, ':');

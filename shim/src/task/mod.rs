@@ -9,7 +9,7 @@
 //! - [`options`]: the runtime options containerd's clients send, decoded;
 //! - [`vgpu`]: the node service, from the shim's side: reserve and edit, attach, release;
 //! - [`spawner`]: runc's invocations, waited for through the shim's reaper;
-//! - [`metrics`]: `Stats`, from the container's cgroup files;
+//! - [`metrics`]: `Stats`, from the container's cgroup files; [`oom`]: OOM kills as events;
 //! - [`events`], [`error`].
 //!
 //! A container without a `gpuplex.io/` annotation is run exactly as containerd's runc shim
@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod metrics;
+pub mod oom;
 pub mod options;
 pub mod process;
 pub mod service;

@@ -17,7 +17,7 @@ use containerd_shim::api::{
 };
 use containerd_shim::monitor::{monitor_subscribe, Subject, Topic};
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
     TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::empty::Empty;
@@ -46,7 +46,7 @@ const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(1);
 /// The shim's containers and what the requests share.
 struct Shared {
     containers: Mutex<HashMap<String, Container>>,
-    events: EventSink,
+    events: Arc<EventSink>,
     namespace: String,
     node: NodeLink,
     exit: Arc<ExitSignal>,
@@ -64,7 +64,7 @@ impl TaskService {
     pub fn new(publisher: RemotePublisher, namespace: &str, exit: Arc<ExitSignal>) -> TaskService {
         let shared = Arc::new(Shared {
             containers: Mutex::new(HashMap::new()),
-            events: EventSink::new(publisher, namespace.to_owned()),
+            events: Arc::new(EventSink::new(publisher, namespace.to_owned())),
             namespace: namespace.to_owned(),
             node: NodeLink::from_env(),
             exit,
@@ -185,6 +185,19 @@ impl TaskService {
         let container = Container::create(&req, options, namespace, self.node())?;
         let pid = container.init.pid;
         containers.insert(req.id.clone(), container);
+        if let Some(dir) = super::oom::memory_cgroup(pid) {
+            let (events, id) = (Arc::clone(&self.shared.events), req.id.clone());
+            let watched = super::oom::watch(&dir, move || {
+                let event = TaskOOM {
+                    container_id: id.clone(),
+                    ..Default::default()
+                };
+                events.send(topics::TASK_OOM_EVENT_TOPIC, Box::new(event));
+            });
+            if let Err(e) = watched {
+                log::warn!("cannot watch {} for OOM kills: {e}", dir.display());
+            }
+        }
         let event = TaskCreate {
             container_id: req.id.clone(),
             bundle: req.bundle.clone(),
