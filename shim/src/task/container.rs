@@ -273,26 +273,17 @@ impl Container {
             opts = opts.io(ends);
             (None, Some(shim))
         };
-        // runc refuses to exec in a frozen container; a container with a vGPU is frozen by the
-        // scheduler between its windows, and the exec waits for its next one.
-        let deadline = Instant::now() + EXEC_WINDOW_WAIT;
-        loop {
-            if let Some(freezer) = &freezer {
-                wait_thawed(freezer, deadline, &id)?;
+        // runc refuses to exec in a frozen container. The caller waits for the container's
+        // window first (`scheduler_freezer`, `wait_thawed`), and again if a freeze came between.
+        if let Err(e) = runc.exec(&id, &spec, Some(&opts)) {
+            let why = runc_failure(&bundle, &e);
+            if freezer.is_some() && why.contains("paused container") {
+                return Err(TaskError::FrozenMeanwhile(id));
             }
-            match runc.exec(&id, &spec, Some(&opts)) {
-                Ok(()) => break,
-                Err(e) => {
-                    let why = runc_failure(&bundle, &e);
-                    let frozen_meanwhile = freezer.is_some() && why.contains("paused container");
-                    if !frozen_meanwhile || Instant::now() > deadline {
-                        return Err(TaskError::Runc {
-                            what: "exec in the container",
-                            why,
-                        });
-                    }
-                }
-            }
+            return Err(TaskError::Runc {
+                what: "exec in the container",
+                why,
+            });
         }
         exec.spec = None;
         exec.pid = pid_file(&pid_path)?;
@@ -329,7 +320,7 @@ impl Container {
 
     /// The freezer the node service freezes this container with between its windows: for a
     /// container with a vGPU that the user has not paused.
-    fn scheduler_freezer(&self) -> Option<FreezerCgroup> {
+    pub fn scheduler_freezer(&self) -> Option<FreezerCgroup> {
         self.vgpu.as_ref()?;
         if self.init.lifecycle.get() == Lifecycle::Paused {
             return None;
@@ -473,10 +464,10 @@ fn visible_devices(bundle: &Path) -> Option<String> {
 
 /// How long an exec waits for its container's window; a window comes round within one round of
 /// its GPU's windows, far less than this.
-const EXEC_WINDOW_WAIT: Duration = Duration::from_secs(60);
+pub const EXEC_WINDOW_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits until `freezer` is thawed, or fails at `deadline`.
-fn wait_thawed(freezer: &FreezerCgroup, deadline: Instant, id: &str) -> Result<(), TaskError> {
+pub fn wait_thawed(freezer: &FreezerCgroup, deadline: Instant, id: &str) -> Result<(), TaskError> {
     while freezer.is_frozen().unwrap_or(false) {
         if Instant::now() > deadline {
             return Err(TaskError::Precondition(format!(

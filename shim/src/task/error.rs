@@ -30,6 +30,10 @@ pub enum TaskError {
     /// The vGPU could not be given (a bad annotation, no GPU that fits, no node service).
     #[error("gpuplex: {0}")]
     Vgpu(String),
+    /// The container was frozen for its next window between the wait for it and `runc exec`;
+    /// the exec waits again.
+    #[error("{0} was frozen for its next window; try again")]
+    FrozenMeanwhile(String),
     /// The shim's own I/O.
     #[error("cannot {what}: {why}")]
     Io {
@@ -49,7 +53,7 @@ impl TaskError {
     fn code(&self) -> Code {
         match self {
             TaskError::NotFound(_) => Code::NOT_FOUND,
-            TaskError::Precondition(_) => Code::FAILED_PRECONDITION,
+            TaskError::Precondition(_) | TaskError::FrozenMeanwhile(_) => Code::FAILED_PRECONDITION,
             TaskError::Invalid(_) | TaskError::Options(_) | TaskError::Vgpu(_) => {
                 Code::INVALID_ARGUMENT
             }

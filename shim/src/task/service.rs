@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use containerd_shim::api::{
     CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
@@ -29,7 +29,7 @@ use containerd_shim::protos::types::task::ProcessInfo;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{ExitSignal, Task, TtrpcContext};
 
-use super::container::Container;
+use super::container::{wait_thawed, Container, EXEC_WINDOW_WAIT};
 use super::error::TaskError;
 use super::events::{timestamp, EventSink};
 use super::options::RuntimeOptions;
@@ -222,6 +222,37 @@ impl TaskService {
         })
     }
 
+    fn do_start(&self, req: &StartRequest) -> Result<StartResponse, TaskError> {
+        let pid = self.with(&req.id, |c| {
+            let pid = c.start(&req.exec_id)?;
+            if req.exec_id.is_empty() {
+                let event = TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                };
+                self.shared
+                    .events
+                    .send(topics::TASK_START_EVENT_TOPIC, Box::new(event));
+            } else {
+                let event = TaskExecStarted {
+                    container_id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                    pid,
+                    ..Default::default()
+                };
+                self.shared
+                    .events
+                    .send(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(event));
+            }
+            Ok(pid)
+        })?;
+        Ok(StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
     fn do_delete(&self, req: DeleteRequest) -> Result<DeleteResponse, TaskError> {
         let mut containers = self.containers();
         let c = containers
@@ -408,34 +439,21 @@ impl Task for TaskService {
     }
 
     fn start(&self, _: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
-        let pid = self.with(&req.id, |c| {
-            let pid = c.start(&req.exec_id)?;
-            if req.exec_id.is_empty() {
-                let event = TaskStart {
-                    container_id: req.id.clone(),
-                    pid,
-                    ..Default::default()
-                };
-                self.shared
-                    .events
-                    .send(topics::TASK_START_EVENT_TOPIC, Box::new(event));
-            } else {
-                let event = TaskExecStarted {
-                    container_id: req.id.clone(),
-                    exec_id: req.exec_id.clone(),
-                    pid,
-                    ..Default::default()
-                };
-                self.shared
-                    .events
-                    .send(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(event));
+        if req.exec_id.is_empty() {
+            return Ok(self.do_start(&req)?);
+        }
+        // An exec into a container with a vGPU waits for its window without holding the
+        // containers' lock, so that the shim's other requests go on meanwhile.
+        let deadline = Instant::now() + EXEC_WINDOW_WAIT;
+        loop {
+            if let Some(freezer) = self.with(&req.id, |c| Ok(c.scheduler_freezer()))? {
+                wait_thawed(&freezer, deadline, &req.id)?;
             }
-            Ok(pid)
-        })?;
-        Ok(StartResponse {
-            pid,
-            ..Default::default()
-        })
+            match self.do_start(&req) {
+                Err(TaskError::FrozenMeanwhile(_)) if Instant::now() < deadline => continue,
+                result => return Ok(result?),
+            }
+        }
     }
 
     fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
