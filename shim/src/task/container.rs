@@ -13,7 +13,7 @@ use super::error::TaskError;
 use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
 use super::spawner::ReapedSpawner;
-use super::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
+use super::stdio::{PendingStdio, StdioPaths};
 use super::vgpu::NodeLink;
 use crate::cgroup::{FreezerCgroup, Hierarchies};
 
@@ -162,17 +162,12 @@ impl Container {
             .pid_file(&pid_path)
             .no_pivot(self.options.no_pivot_root)
             .no_new_keyring(self.options.no_new_keyring);
-        let (console, shim_ends) = if paths.terminal {
-            let socket =
-                ConsoleSocket::new().map_err(|e| TaskError::io("make a console socket", e))?;
-            opts = opts.console_socket(socket.path()).io(stdio::nothing());
-            (Some(socket), None)
-        } else {
-            let (ends, shim) = stdio::pipes(&paths, self.options.io_uid, self.options.io_gid)
-                .map_err(|e| TaskError::io("make the stdio pipes", e))?;
-            opts = opts.io(ends);
-            (None, Some(shim))
-        };
+        let (pending, ends) = PendingStdio::new(&paths, self.options.io_uid, self.options.io_gid)
+            .map_err(|e| TaskError::io("set up the process's stdio", e))?;
+        if let Some(socket) = pending.console_socket() {
+            opts = opts.console_socket(socket);
+        }
+        opts = opts.io(ends);
         self.runc
             .create(&self.id, &self.bundle, Some(&opts))
             .map_err(|e| TaskError::Runc {
@@ -180,17 +175,11 @@ impl Container {
                 why: runc_failure(&self.bundle, &e),
             })?;
         self.init.pid = pid_file(&pid_path)?;
-        self.init.io = Some(match (console, shim_ends) {
-            (Some(socket), _) => {
-                let master = socket
-                    .receive()
-                    .map_err(|e| TaskError::io("receive the terminal", e))?;
-                ProcessIo::copy_console(&paths, master)
-                    .map_err(|e| TaskError::io("copy the terminal", e))?
-            }
-            (None, Some(shim)) => ProcessIo::copy_pipes(&paths, shim),
-            (None, None) => ProcessIo::default(),
-        });
+        self.init.io = Some(
+            pending
+                .start(&paths)
+                .map_err(|e| TaskError::io("copy the process's stdio", e))?,
+        );
         Ok(())
     }
 
@@ -262,17 +251,12 @@ impl Container {
         let pid_path = bundle.join(format!("exec-{exec_id}.pid"));
         let paths = exec.stdio.clone();
         let mut opts = ExecOpts::new().pid_file(&pid_path).detach(true);
-        let (console, shim_ends) = if paths.terminal {
-            let socket =
-                ConsoleSocket::new().map_err(|e| TaskError::io("make a console socket", e))?;
-            opts = opts.console_socket(socket.path()).io(stdio::nothing());
-            (Some(socket), None)
-        } else {
-            let (ends, shim) = stdio::pipes(&paths, uid, gid)
-                .map_err(|e| TaskError::io("make the stdio pipes", e))?;
-            opts = opts.io(ends);
-            (None, Some(shim))
-        };
+        let (pending, ends) = PendingStdio::new(&paths, uid, gid)
+            .map_err(|e| TaskError::io("set up the process's stdio", e))?;
+        if let Some(socket) = pending.console_socket() {
+            opts = opts.console_socket(socket);
+        }
+        opts = opts.io(ends);
         // runc refuses to exec in a frozen container. The caller waits for the container's
         // window first (`scheduler_freezer`, `wait_thawed`), and again if a freeze came between.
         if let Err(e) = runc.exec(&id, &spec, Some(&opts)) {
@@ -288,17 +272,11 @@ impl Container {
         exec.spec = None;
         exec.pid = pid_file(&pid_path)?;
         let _ = std::fs::remove_file(&pid_path);
-        exec.io = Some(match (console, shim_ends) {
-            (Some(socket), _) => {
-                let master = socket
-                    .receive()
-                    .map_err(|e| TaskError::io("receive the terminal", e))?;
-                ProcessIo::copy_console(&paths, master)
-                    .map_err(|e| TaskError::io("copy the terminal", e))?
-            }
-            (None, Some(shim)) => ProcessIo::copy_pipes(&paths, shim),
-            (None, None) => ProcessIo::default(),
-        });
+        exec.io = Some(
+            pending
+                .start(&paths)
+                .map_err(|e| TaskError::io("copy the process's stdio", e))?,
+        );
         exec.lifecycle.set(Lifecycle::Running);
         Ok(exec.pid)
     }

@@ -107,6 +107,48 @@ impl runc::Io for ContainerEnds {
     }
 }
 
+/// A process's stdio while runc makes it: for a terminal, the socket runc sends the pty's
+/// master through; otherwise the shim's ends of the pipes.
+#[derive(Debug)]
+pub enum PendingStdio {
+    /// The console socket.
+    Terminal(ConsoleSocket),
+    /// The shim's pipe ends.
+    Pipes(ShimEnds),
+}
+
+impl PendingStdio {
+    /// For a process with `paths` (pipes owned by `uid`/`gid`): what the shim keeps, and the
+    /// stdio to hand runc (nothing for a terminal: the pty is the process's stdio).
+    pub fn new(
+        paths: &StdioPaths,
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(PendingStdio, Arc<ContainerEnds>)> {
+        if paths.terminal {
+            return Ok((PendingStdio::Terminal(ConsoleSocket::new()?), nothing()));
+        }
+        let (ends, shim) = pipes(paths, uid, gid)?;
+        Ok((PendingStdio::Pipes(shim), ends))
+    }
+
+    /// runc's `--console-socket`, for a terminal.
+    pub fn console_socket(&self) -> Option<&Path> {
+        match self {
+            PendingStdio::Terminal(socket) => Some(socket.path()),
+            PendingStdio::Pipes(_) => None,
+        }
+    }
+
+    /// Once runc has made the process: the copying between it and the fifos of `paths`.
+    pub fn start(self, paths: &StdioPaths) -> io::Result<ProcessIo> {
+        match self {
+            PendingStdio::Terminal(socket) => ProcessIo::copy_console(paths, socket.receive()?),
+            PendingStdio::Pipes(shim) => Ok(ProcessIo::copy_pipes(paths, shim)),
+        }
+    }
+}
+
 /// Threads still copying: their count, and a wait for it to reach zero.
 #[derive(Debug, Default)]
 struct Copies {
