@@ -46,6 +46,53 @@ use serde_json::Value;
 pub use apply::apply;
 pub use conflict::nvidia_runtime_conflict;
 
+/// Where the CDI specs are and which kind the GPUs are: `cdi_spec_dirs` and `cdi_kind` in
+/// `[service]` of gpuplex's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdiSettings {
+    /// The directories, later ones overriding earlier ones.
+    pub spec_dirs: Vec<PathBuf>,
+    /// The kind.
+    pub kind: String,
+}
+
+impl Default for CdiSettings {
+    fn default() -> Self {
+        CdiSettings {
+            spec_dirs: DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            kind: DEFAULT_KIND.to_owned(),
+        }
+    }
+}
+
+impl CdiSettings {
+    /// From the `[service]` table of a parsed gpuplex configuration (the node service checks
+    /// the rest of the file); the defaults where a key is absent.
+    pub fn from_service_table(service: Option<&toml::Value>) -> Result<CdiSettings, String> {
+        let mut settings = CdiSettings::default();
+        let Some(service) = service else {
+            return Ok(settings);
+        };
+        if let Some(dirs) = service.get("cdi_spec_dirs") {
+            let list = dirs
+                .as_array()
+                .ok_or("service.cdi_spec_dirs must be a list of directories")?;
+            settings.spec_dirs = list
+                .iter()
+                .map(|d| d.as_str().filter(|d| !d.is_empty()).map(PathBuf::from))
+                .collect::<Option<_>>()
+                .ok_or("service.cdi_spec_dirs must be a list of directories")?;
+        }
+        if let Some(kind) = service.get("cdi_kind") {
+            let kind = kind.as_str().filter(|k| k.contains('/'));
+            settings.kind = kind
+                .ok_or("service.cdi_kind must be a CDI kind like \"nvidia.com/gpu\"")?
+                .to_owned();
+        }
+        Ok(settings)
+    }
+}
+
 /// The CDI spec directories when none are configured, lowest precedence first.
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// The CDI kind of NVIDIA's GPUs.

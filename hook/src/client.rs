@@ -289,21 +289,37 @@ pub fn config_path(flag: Option<&Path>, env: Option<&std::ffi::OsStr>) -> (PathB
 /// file is the node service's to check). An absent file is an error only when it was `named`.
 /// The error is one line naming the file.
 pub fn socket_from_config(path: &Path, named: bool) -> Result<Option<PathBuf>, String> {
+    hook_config(path, named).map(|(socket, _)| socket)
+}
+
+/// What the hook and the shim read of gpuplex's configuration at `path`: `service.socket` if it
+/// is set, and the CDI settings ([`crate::cdi::CdiSettings`]). An absent file is an error only
+/// when it was `named`. The error is one line naming the file.
+pub fn hook_config(
+    path: &Path,
+    named: bool,
+) -> Result<(Option<PathBuf>, crate::cdi::CdiSettings), String> {
     let bad = |what: String| format!("config file {}: {what}", path.display());
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => {
+            return Ok((None, crate::cdi::CdiSettings::default()))
+        }
         Err(e) => return Err(bad(format!("cannot read it: {e}"))),
     };
     let value: toml::Value = toml::from_str(&text)
         .map_err(|e| bad(format!("not TOML: {}", e.message().replace('\n', " "))))?;
-    match value.get("service").and_then(|s| s.get("socket")) {
-        None => Ok(None),
-        Some(toml::Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
-        Some(other) => Err(bad(format!(
-            "service.socket is {other}, expected a non-empty path string"
-        ))),
-    }
+    let cdi = crate::cdi::CdiSettings::from_service_table(value.get("service")).map_err(bad)?;
+    let socket = match value.get("service").and_then(|s| s.get("socket")) {
+        None => None,
+        Some(toml::Value::String(s)) if !s.is_empty() => Some(PathBuf::from(s)),
+        Some(other) => {
+            return Err(bad(format!(
+                "service.socket is {other}, expected a non-empty path string"
+            )))
+        }
+    };
+    Ok((socket, cdi))
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ use gpuplex_scheduler::protocol::VgpuReply;
 use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_ID};
 use serde_json::{json, Value};
 
-use crate::client::{socket_from_config, ClientError, NodeClient, DEFAULT_CONFIG, DEFAULT_SOCKET};
+use crate::cdi::{self, CdiRegistry, CdiSettings};
+use crate::client::{hook_config, ClientError, NodeClient, DEFAULT_CONFIG, DEFAULT_SOCKET};
 use crate::identity::{self, Identity};
 use crate::inject;
 use crate::oci_state::{BundleConfig, OciState};
@@ -48,6 +49,8 @@ pub struct HookContext {
     pub hook: Option<HookCommand>,
     /// The node's name, for identities.
     pub node: String,
+    /// Where the GPUs' CDI spec is, and its kind.
+    pub cdi: CdiSettings,
 }
 
 impl HookContext {
@@ -61,9 +64,9 @@ impl HookContext {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG), false),
         };
-        let socket = socket_from_config(&path, was_named)
-            .map_err(|message| HookError { stage, message })?
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        let (socket, cdi) =
+            hook_config(&path, was_named).map_err(|message| HookError { stage, message })?;
+        let socket = socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
         let exe = std::env::current_exe()
             .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/gpuplex-hook"));
         let mut args = vec!["gpuplex-hook".to_string()];
@@ -84,6 +87,7 @@ impl HookContext {
                 env: Vec::new(),
             }),
             node,
+            cdi,
         })
     }
 
@@ -193,6 +197,13 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
         // Not ours, or edited already: pass it through untouched.
         return Ok(input.to_vec());
     }
+    // Before anything is reserved: a container that NVIDIA's runtime would give GPUs too, and
+    // the GPUs' CDI spec (none: device nodes only).
+    if let Some(line) = cdi::nvidia_runtime_conflict(&config, &ctx.cdi.kind) {
+        return Err(fail(line));
+    }
+    let registry =
+        CdiRegistry::load(&ctx.cdi.spec_dirs, &ctx.cdi.kind).map_err(|e| fail(e.to_string()))?;
     let mut client = ctx.client(STAGE)?;
     let mut annotations = annotations;
     annotations.extend(pod_annotations(
@@ -216,11 +227,33 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
             ))
         })
         .and_then(|file| injection(ctx, &vgpu, file).map_err(fail))
-        .and_then(|inj| spec::edit_bytes(input, &inj).map_err(|e| fail(e.to_string())));
+        .and_then(|inj| edit_with_cdi(&config, &inj, &registry, &vgpu).map_err(fail));
     if edited.is_err() {
         undo(&mut client);
     }
     edited
+}
+
+/// The config to run: the CDI spec's edits for the vGPU's GPUs (when there is a spec), then
+/// gpuplex's own ([`spec::edit`]: the identity mount stays last).
+fn edit_with_cdi(
+    config: &Value,
+    injection: &Injection,
+    registry: &CdiRegistry,
+    vgpu: &VgpuReply,
+) -> Result<Vec<u8>, String> {
+    let mut edited = config.clone();
+    if !registry.is_empty() {
+        let gpus: Vec<(u32, &str)> = vgpu
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.as_str()))
+            .collect();
+        let edits = registry.edits_for(&gpus).map_err(|e| e.to_string())?;
+        cdi::apply(&mut edited, &edits).map_err(|e| format!("CDI spec: {e}"))?;
+    }
+    spec::edit(&mut edited, injection).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&edited).map_err(|e| e.to_string())
 }
 
 /// The edit of a vGPU: its GPUs' device nodes (as the node service names them) and the

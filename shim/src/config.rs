@@ -70,6 +70,10 @@ pub struct ServiceConfig {
     pub metrics_listen: String,
     /// The node's name in status and metrics; empty: the host name.
     pub node_name: String,
+    /// Where CDI specs are looked for, later directories overriding earlier ones.
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The CDI kind of the GPUs' spec.
+    pub cdi_kind: String,
 }
 
 impl Default for ServiceConfig {
@@ -82,6 +86,11 @@ impl Default for ServiceConfig {
             freeze_timeout: Duration::from_secs(1),
             metrics_listen: String::new(),
             node_name: String::new(),
+            cdi_spec_dirs: gpuplex_hook::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+            cdi_kind: gpuplex_hook::cdi::DEFAULT_KIND.to_owned(),
         }
     }
 }

@@ -90,16 +90,25 @@ fn find_annotation(config: &Value, kind: &str) -> Option<String> {
     })
 }
 
-/// Whether a container's config also asks NVIDIA's runtime for GPUs: an NVIDIA hook in
-/// `hooks` (the legacy `nvidia-container-runtime-hook`/`nvidia-container-toolkit`, or
-/// `nvidia-cdi-hook`/`nvidia-ctk hook`, which only a CDI spec already applied puts there),
-/// `NVIDIA_VISIBLE_DEVICES` in `process.env` with a value other than empty, `void` or `none`,
-/// or a `cdi.k8s.io/*` annotation naming a device of `kind`. The answer is one line saying what
-/// was found. Look before [`super::apply`]: the edits it writes include NVIDIA's hooks.
+/// Whether a container's config also asks NVIDIA's runtime for GPUs: a hook of an NVIDIA CDI
+/// spec already applied (`nvidia-cdi-hook`, `nvidia-ctk hook`), NVIDIA's legacy hook
+/// (`nvidia-container-runtime-hook`, `nvidia-container-toolkit`) with `NVIDIA_VISIBLE_DEVICES`
+/// in `process.env` asking for GPUs (not empty, `void` or `none`), or a `cdi.k8s.io/*`
+/// annotation naming a device of `kind`. The answer is one line saying what was found. Look
+/// before [`super::apply`]: the edits it writes include NVIDIA's hooks.
+///
+/// `NVIDIA_VISIBLE_DEVICES` alone is no conflict: CUDA images set it (`ENV
+/// NVIDIA_VISIBLE_DEVICES all`) whoever runs them, it means something only to NVIDIA's hook,
+/// and the CDI spec gpuplex applies sets it to `void`.
 pub fn nvidia_runtime_conflict(config: &Value, kind: &str) -> Option<String> {
-    let found = find_hook(config)
-        .or_else(|| find_env(config))
-        .or_else(|| find_annotation(config, kind))?;
+    let hook = find_hook(config);
+    let found = match hook {
+        Some(hook) if hook.contains("legacy") => {
+            find_env(config).map(|env| format!("{hook} and {env}"))
+        }
+        other => other,
+    }
+    .or_else(|| find_annotation(config, kind))?;
     Some(format!(
         "the container asks NVIDIA's runtime for GPUs as well as gpuplex: {found}; choose one: \
          gpuplex (gpuplex.io/ annotations) or NVIDIA's runtime"

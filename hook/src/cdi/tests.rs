@@ -841,13 +841,31 @@ fn nvidia_runtime_conflict_finds_nvidias_hooks_env_and_cdi_annotations() {
         (json!({}), None),
         (json!([]), None),
         (with("/hooks/prestart", hook("/usr/bin/gpuplex-hook", &["gpuplex-hook", "prestart"])), None),
+        // NVIDIA's legacy hook acts only on NVIDIA_VISIBLE_DEVICES: alone it asks for nothing.
+        (with("/hooks/prestart", hook(legacy, &["nvidia-container-runtime-hook", "prestart"])), None),
         (
-            with("/hooks/prestart", hook(legacy, &["nvidia-container-runtime-hook", "prestart"])),
-            Some("hooks.prestart[0] runs /usr/bin/nvidia-container-runtime-hook (NVIDIA's legacy hook)"),
+            {
+                let mut c = with("/hooks/prestart", hook(legacy, &["nvidia-container-runtime-hook", "prestart"]));
+                c["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=all"]);
+                c
+            },
+            Some("hooks.prestart[0] runs /usr/bin/nvidia-container-runtime-hook (NVIDIA's legacy hook) and process.env has NVIDIA_VISIBLE_DEVICES=all"),
         ),
         (
-            with("/hooks/prestart", hook("/usr/bin/nvidia-container-toolkit", &["nvidia-container-toolkit", "prestart"])),
-            Some("hooks.prestart[0] runs /usr/bin/nvidia-container-toolkit (NVIDIA's legacy hook)"),
+            {
+                let mut c = with("/hooks/prestart", hook("/usr/bin/nvidia-container-toolkit", &["nvidia-container-toolkit", "prestart"]));
+                c["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=GPU-1"]);
+                c
+            },
+            Some("hooks.prestart[0] runs /usr/bin/nvidia-container-toolkit (NVIDIA's legacy hook) and process.env has NVIDIA_VISIBLE_DEVICES=GPU-1"),
+        ),
+        (
+            {
+                let mut c = with("/hooks/prestart", hook(legacy, &["nvidia-container-runtime-hook", "prestart"]));
+                c["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=void"]);
+                c
+            },
+            None,
         ),
         (
             with("/hooks/createContainer", hook("/usr/bin/nvidia-cdi-hook", &["nvidia-cdi-hook", "update-ldcache"])),
@@ -858,14 +876,9 @@ fn nvidia_runtime_conflict_finds_nvidias_hooks_env_and_cdi_annotations() {
             Some("hooks.createContainer[0] runs /usr/bin/nvidia-ctk (a hook of NVIDIA's CDI spec, already applied)"),
         ),
         (with("/hooks/createContainer", hook("/usr/bin/nvidia-ctk", &["nvidia-ctk", "cdi", "list"])), None),
-        (
-            with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=all"])),
-            Some("process.env has NVIDIA_VISIBLE_DEVICES=all"),
-        ),
-        (
-            with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2"])),
-            Some("process.env has NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2"),
-        ),
+        // A CUDA image's own ENV NVIDIA_VISIBLE_DEVICES, with no NVIDIA hook: no conflict.
+        (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=all"])), None),
+        (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2"])), None),
         (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=void"])), None),
         (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=none"])), None),
         (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES="])), None),
@@ -874,8 +887,12 @@ fn nvidia_runtime_conflict_finds_nvidias_hooks_env_and_cdi_annotations() {
         // the last entry is the one that counts
         (with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"])), None),
         (
-            with("/process/env", json!(["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=0"])),
-            Some("process.env has NVIDIA_VISIBLE_DEVICES=0"),
+            {
+                let mut c = with("/hooks/prestart", hook(legacy, &["nvidia-container-runtime-hook", "prestart"]));
+                c["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=0"]);
+                c
+            },
+            Some("hooks.prestart[0] runs /usr/bin/nvidia-container-runtime-hook (NVIDIA's legacy hook) and process.env has NVIDIA_VISIBLE_DEVICES=0"),
         ),
         (
             with("/annotations/cdi.k8s.io~1nvidia-device-plugin_uuid", json!("nvidia.com/gpu=0")),

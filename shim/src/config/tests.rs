@@ -15,6 +15,8 @@ fn the_installed_file_documents_every_default() {
         "freeze_timeout",
         "metrics_listen",
         "node_name",
+        "cdi_spec_dirs",
+        "cdi_kind",
     ] {
         assert!(
             INSTALLED
