@@ -287,6 +287,7 @@ mod tests {
         NodeStatus {
             node: "node\\1".into(),
             activity: "cpu".into(),
+            cdi: String::new(),
             gpus: vec![gpu(0, &["two"]), gpu(1, &["two"])],
             containers: vec![ContainerStatus {
                 id: "two".into(),

@@ -105,6 +105,7 @@ fn node_status() -> NodeStatus {
     NodeStatus {
         node: "gpu-node-1".into(),
         activity: "cpu".into(),
+        cdi: "none: no CDI spec of kind nvidia.com/gpu".into(),
         gpus: vec![GpuStatus {
             index: 0,
             uuid: "GPU-fake-0".into(),

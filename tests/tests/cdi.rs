@@ -124,6 +124,38 @@ fn without_a_cdi_spec_a_podman_container_gets_device_nodes_only() {
         shown.contains("SPEC= GPU= NVIDIA= CUDA=GPU-fake-0"),
         "{shown}"
     );
+    // The service says so, with the command that writes a spec.
+    let cdi_state = service.status()["cdi"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(cdi_state.starts_with("none: "), "{cdi_state}");
+    assert!(cdi_state.contains("nvidia-ctk cdi generate"), "{cdi_state}");
+}
+
+#[test]
+fn a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_service_start() {
+    if !can_run("a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_service_start") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    // As after a driver upgrade without regenerating the spec: other UUIDs.
+    std::fs::write(
+        cdi.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-0bad0000-0000\n  containerEdits:\n    deviceNodes:\n    - path: /dev/gpuplex-other\n      type: c\n      major: 195\n      minor: 214\n",
+    )
+    .unwrap();
+    let service = service_with_cdi(dir.path(), &cdi, 234);
+    let cdi_state = service.status()["cdi"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(cdi_state.starts_with("error: "), "{cdi_state}");
+    assert!(cdi_state.contains("GPU-0bad0000-0000"), "{cdi_state}");
+    assert!(cdi_state.contains("GPU-fake-0"), "{cdi_state}");
+    assert!(service.log().contains("CDI: "), "{}", service.log());
 }
 
 #[test]

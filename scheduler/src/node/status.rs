@@ -21,6 +21,9 @@ pub struct NodeStatus {
     /// The activity source in use: `nvml`, `cpu` or `always` (filled by the node service).
     #[serde(default)]
     pub activity: String,
+    /// What containers get of the GPUs' CDI spec, in words (filled by the node service).
+    #[serde(default)]
+    pub cdi: String,
     /// Every GPU, by index.
     pub gpus: Vec<GpuStatus>,
     /// Every container attached to a vGPU, by vGPU id.
@@ -223,6 +226,7 @@ impl Node {
         NodeStatus {
             node: String::new(),
             activity: String::new(),
+            cdi: String::new(),
             gpus,
             containers,
             reservations,

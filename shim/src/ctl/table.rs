@@ -39,6 +39,9 @@ pub fn render_status(status: &NodeStatus) -> String {
         out.push_str("  (fake GPUs)");
     }
     out.push('\n');
+    if !status.cdi.is_empty() {
+        out.push_str(&format!("CDI: {}\n", status.cdi));
+    }
     if status.gpus.is_empty() {
         out.push_str("no GPUs\n");
         return out;
@@ -297,6 +300,7 @@ mod tests {
         let status = NodeStatus {
             node: "gpu-7".into(),
             activity: "cpu".into(),
+            cdi: "nvidia.com/gpu from /etc/cdi/nvidia.yaml".into(),
             gpus: vec![g0, g1],
             containers: vec![a, b, c],
             reservations: vec![ReservationStatus {
@@ -310,6 +314,7 @@ mod tests {
         };
         let expected = "\
 node gpu-7  activity cpu  (fake GPUs)
+CDI: nvidia.com/gpu from /etc/cdi/nvidia.yaml
 GPU 0  Fake A100  GPU-0  28GiB/40GiB  holder: job-a  busy 12.5s  switches 4
   * job-a  vgpu-1  w=1 normal  running                gpu 10.0s  wait 2.0s  frozen 1.5s  windows 3
     job-b  vgpu-2  w=2 high    frozen (waiting 0.4s)  gpu 4.0s   wait 6.0s  frozen 5.0s  windows 2
