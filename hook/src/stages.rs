@@ -326,6 +326,21 @@ pub fn create_runtime(
             }
         };
     }
+    // The runc/crun path makes device nodes inside a container that exists already; a CDI
+    // spec's driver libraries, mounts and createContainer hooks cannot be added then.
+    let registry =
+        CdiRegistry::load(&ctx.cdi.spec_dirs, &ctx.cdi.kind).map_err(|e| fail(e.to_string()))?;
+    if !registry.is_empty() {
+        let files: Vec<String> = registry
+            .spec_files()
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        return Err(fail(format!(
+            "this host's GPUs have a CDI spec ({}) whose driver libraries and hooks cannot be added to a container runc has already made; run it with podman (config/hooks.d) or containerd (runtime io.containerd.gpuplex.v1), which apply it",
+            files.join(", ")
+        )));
+    }
     let pod_keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
     let all = bundle.annotations();
     for key in pod_keys {

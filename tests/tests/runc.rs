@@ -255,3 +255,32 @@ fn a_runc_container_with_the_hook_at_prestart_gets_its_vgpu_too() {
         service.status()
     );
 }
+
+#[test]
+fn a_runc_container_on_a_host_with_a_cdi_spec_is_sent_to_podman_or_containerd() {
+    if !can_run("a_runc_container_on_a_host_with_a_cdi_spec_is_sent_to_podman_or_containerd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    std::fs::write(
+        cdi.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/gpuplex-cdi-0\n      type: c\n      major: 195\n      minor: 218\n",
+    )
+    .unwrap();
+    let extra = format!("cdi_spec_dirs = [\"{}\"]", cdi.display());
+    let service = NodeService::start(&dir.path().join("node"), 1, 218, &extra);
+    let runc = Runc::new(&dir.path().join("runc"));
+    let out = runc.run(
+        "gpuplex-runc-cdi",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "1Gi"}),
+        "true",
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("have a CDI spec"), "{stderr}");
+    assert!(stderr.contains("io.containerd.gpuplex.v1"), "{stderr}");
+    assert_eq!(service.held(), (0, 0), "{}", service.status());
+}
