@@ -53,6 +53,26 @@ fn write_spec(cdi: &Path, dir: &Path, service: &NodeService, ctl_minor: u32) -> 
     path
 }
 
+/// What `SCRIPT` printed in a container assigned GPU 1: the spec-wide edits (the library, the
+/// control node, the variables) and GPU 1's entry, nothing of GPU 0's.
+fn assert_sees_gpu1_only(shown: &str, service: &NodeService) {
+    let node = |i: usize| {
+        service.devices[i]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string()
+    };
+    assert!(shown.contains("fake libcuda"), "{shown}");
+    assert!(shown.contains("gpuplex-ctl"), "{shown}");
+    assert!(shown.contains(&node(1)), "{shown}");
+    assert!(!shown.contains(&node(0)), "{shown}");
+    assert!(
+        shown.contains("SPEC=applied GPU=gpu1 NVIDIA=void CUDA=GPU-fake-1"),
+        "{shown}"
+    );
+}
+
 /// What a container prints of its GPUs, driver library and environment.
 const SCRIPT: &str = "cat /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>&1; ls /dev; \
     echo SPEC=$GPUPLEX_CDI_SPEC GPU=$GPUPLEX_CDI_GPU NVIDIA=$NVIDIA_VISIBLE_DEVICES CUDA=$CUDA_VISIBLE_DEVICES";
@@ -81,24 +101,7 @@ fn a_podman_container_gets_the_cdi_edits_of_its_gpu_only() {
     let shown = String::from_utf8_lossy(&out.stdout).to_string();
     podman.remove_all();
     assert!(out.status.success(), "{}", text(&out));
-    let gpu1 = service.devices[1]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    let gpu0 = service.devices[0]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    assert!(shown.contains("fake libcuda"), "{shown}");
-    assert!(shown.contains("gpuplex-ctl"), "{shown}");
-    assert!(shown.contains(&gpu1), "{shown}");
-    assert!(!shown.contains(&gpu0), "{shown}");
-    assert!(
-        shown.contains("SPEC=applied GPU=gpu1 NVIDIA=void CUDA=GPU-fake-1"),
-        "{shown}"
-    );
+    assert_sees_gpu1_only(&shown, &service);
 }
 
 #[test]
@@ -228,22 +231,5 @@ fn a_containerd_container_gets_the_cdi_edits_of_its_gpu_only() {
     let shown = String::from_utf8_lossy(&out.stdout).to_string();
     c.remove_all();
     assert!(out.status.success(), "{}", text(&out));
-    let gpu1 = service.devices[1]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    let gpu0 = service.devices[0]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
-    assert!(shown.contains("fake libcuda"), "{shown}");
-    assert!(shown.contains("gpuplex-ctl"), "{shown}");
-    assert!(shown.contains(&gpu1), "{shown}");
-    assert!(!shown.contains(&gpu0), "{shown}");
-    assert!(
-        shown.contains("SPEC=applied GPU=gpu1 NVIDIA=void CUDA=GPU-fake-1"),
-        "{shown}"
-    );
+    assert_sees_gpu1_only(&shown, &service);
 }
