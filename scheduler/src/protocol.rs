@@ -11,6 +11,10 @@
 //! {"op":"status"}
 //! ```
 //!
+//! A `pid` names a container's init between the runtime's `create` and `start` (DESIGN's
+//! `createRuntime`): the node service schedules it from the moment that process runs another
+//! program (the container's), and never freezes it before. A `cgroup` is scheduled at once.
+//!
 //! `hold` says the container's user paused it (`ctr task pause`, `runc pause`): until `unhold`
 //! (its user resumed it) it takes no part in scheduling and is never frozen or thawed by the
 //! node (see [`crate::windows::WindowScheduler::hold`]). Both are idempotent; the container must

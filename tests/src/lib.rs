@@ -123,6 +123,17 @@ impl NodeService {
     /// Starts one with `gpus` fake GPUs of 16 GiB, the `cpu` activity source and 50 ms slices,
     /// under `dir`; `minor` is the first device minor (distinct per test).
     pub fn start(dir: &Path, gpus: usize, minor: u32, extra: &str) -> NodeService {
+        NodeService::start_sampling("cpu", dir, gpus, minor, extra)
+    }
+
+    /// The same with the `activity` source (`cpu`, `always`).
+    pub fn start_sampling(
+        activity: &str,
+        dir: &Path,
+        gpus: usize,
+        minor: u32,
+        extra: &str,
+    ) -> NodeService {
         std::fs::create_dir_all(dir).unwrap();
         let mut fake = String::new();
         let mut devices = Vec::new();
@@ -147,7 +158,7 @@ impl NodeService {
         std::fs::write(
             &config,
             format!(
-                "[scheduler]\nslice = \"50ms\"\nreservation_ttl = \"3s\"\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"cpu\"\nsample_interval = \"25ms\"\n{extra}\n{fake}",
+                "[scheduler]\nslice = \"50ms\"\nreservation_ttl = \"3s\"\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"{activity}\"\nsample_interval = \"25ms\"\n{extra}\n{fake}",
                 socket.display(),
                 dir.join("state").display()
             ),

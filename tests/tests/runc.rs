@@ -38,6 +38,32 @@ impl Runc {
         annotations: Value,
         script: &str,
     ) -> Output {
+        let bundle = self.bundle(stage, id, config, annotations, script);
+        self.command()
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// runc with this test's state directory.
+    fn command(&self) -> Command {
+        let mut runc = Command::new("runc");
+        runc.arg("--root").arg(self.dir.join("state"));
+        runc
+    }
+
+    /// The bundle `run_at` runs.
+    fn bundle(
+        &self,
+        stage: &str,
+        id: &str,
+        config: &Path,
+        annotations: Value,
+        script: &str,
+    ) -> PathBuf {
         let bundle = self.dir.join(id);
         std::fs::create_dir_all(&bundle).unwrap();
         let status = Command::new("runc")
@@ -79,15 +105,7 @@ impl Runc {
         hooks[stage] = hook(stage);
         spec["hooks"] = hooks;
         std::fs::write(&path, spec.to_string()).unwrap();
-        Command::new("runc")
-            .arg("--root")
-            .arg(self.dir.join("state"))
-            .args(["run", "--bundle"])
-            .arg(&bundle)
-            .arg(id)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        bundle
     }
 }
 
@@ -283,4 +301,92 @@ fn a_runc_container_on_a_host_with_a_cdi_spec_is_sent_to_podman_or_containerd() 
     assert!(stderr.contains("have a CDI spec"), "{stderr}");
     assert!(stderr.contains("io.containerd.gpuplex.v1"), "{stderr}");
     assert_eq!(service.held(), (0, 0), "{}", service.status());
+}
+
+/// runc reads a created container whose cgroup is frozen as paused, and refuses to start it: the
+/// service must not freeze a container it attached before its start, however busy its GPU.
+#[test]
+fn a_container_is_not_frozen_between_its_attach_and_its_start() {
+    if !can_run("a_container_is_not_frozen_between_its_attach_and_its_start") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Every sample shows work: whatever the service may freeze, it freezes.
+    let mut service = NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    let _gone = Deleted(&runc, &["gpuplex-runc-holder", "gpuplex-runc-late"]);
+    let status = |id: &str| {
+        let out = runc.command().args(["state", id]).output().unwrap();
+        let state: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        state["status"].as_str().unwrap_or_default().to_string()
+    };
+    // The first container takes the window, 100 slices long.
+    let holder = runc.bundle(
+        "createRuntime",
+        "gpuplex-runc-holder",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "1Gi", "gpuplex.io/weight": "100"}),
+        "sleep 60",
+    );
+    // A detached container keeps runc's stdio: a pipe would never close.
+    let errors = dir.path().join("runc.err");
+    let quiet = |runc: &mut Command| {
+        let err = std::fs::File::create(&errors).unwrap();
+        let status = runc
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .status()
+            .unwrap();
+        (status, std::fs::read_to_string(&errors).unwrap())
+    };
+    let out = quiet(
+        runc.command()
+            .args(["run", "-d", "--bundle"])
+            .arg(&holder)
+            .arg("gpuplex-runc-holder"),
+    );
+    assert!(out.0.success(), "{}", out.1);
+    let late = runc.bundle(
+        "createRuntime",
+        "gpuplex-runc-late",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "1Gi"}),
+        "sleep 60",
+    );
+    let out = quiet(
+        runc.command()
+            .args(["create", "--bundle"])
+            .arg(&late)
+            .arg("gpuplex-runc-late"),
+    );
+    assert!(out.0.success(), "{}", out.1);
+    assert_eq!(service.held(), (2, 0), "{}", service.status());
+    // Twenty samples, each showing work, while it waits for its start.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status("gpuplex-runc-late"), "created", "{}", service.log());
+    let out = quiet(runc.command().args(["start", "gpuplex-runc-late"]));
+    assert!(out.0.success(), "{}", out.1);
+    // Started, it is scheduled: it waits for the holder's window, frozen.
+    assert!(
+        wait_until(Duration::from_secs(4), || status("gpuplex-runc-late")
+            == "paused"),
+        "{}",
+        service.log()
+    );
+    // Stopping the service thaws it (fail open); then the containers go.
+    service.stop();
+}
+
+/// Deletes these runc containers when dropped, the test passed or not.
+struct Deleted<'a>(&'a Runc, &'a [&'a str]);
+
+impl Drop for Deleted<'_> {
+    fn drop(&mut self) {
+        for id in self.1 {
+            // A paused container is thawed first: runc cannot kill a frozen one.
+            let _ = self.0.command().args(["resume", id]).output();
+            let _ = self.0.command().args(["delete", "--force", id]).output();
+        }
+    }
 }

@@ -14,6 +14,7 @@ use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::windows::Action;
 use gpuplex_scheduler::VgpuId;
 
+use super::unstarted::Unstarted;
 use super::Service;
 use crate::cgroup::{freeze_all, CgroupError, FreezerCgroup};
 
@@ -30,6 +31,8 @@ pub(super) struct Enforced {
     pub thawed_at: Option<Instant>,
     /// Held: its user paused it; the service neither freezes nor thaws it.
     pub held: bool,
+    /// Attached before it started, and not started yet: not sampled (see [`Unstarted`]).
+    pub unstarted: Option<Unstarted>,
 }
 
 impl Enforced {
@@ -40,6 +43,7 @@ impl Enforced {
             frozen_total: Duration::ZERO,
             thawed_at: None,
             held: false,
+            unstarted: None,
         }
     }
 

@@ -16,6 +16,7 @@ mod enforce;
 mod recover;
 mod requests;
 mod socket;
+mod unstarted;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -274,10 +275,17 @@ impl Service {
         for vgpu in exited {
             self.release_exited(vgpu);
         }
+        for (vgpu, e) in self.enforced.iter_mut() {
+            if e.unstarted.is_some_and(|u| u.has_started()) {
+                e.unstarted = None;
+                tracing::debug!("{vgpu}: its container started; sampled from now on");
+            }
+        }
         let gpus_of: Vec<(VgpuId, Vec<gpuplex_scheduler::GpuIndex>)> = self
             .enforced
-            .keys()
-            .filter_map(|&v| Some((v, self.node.record(v)?.assignment.gpus.clone())))
+            .iter()
+            .filter(|(_, e)| e.unstarted.is_none())
+            .filter_map(|(&v, _)| Some((v, self.node.record(v)?.assignment.gpus.clone())))
             .collect();
         let watched: Vec<Watched<'_>> = gpus_of
             .iter()

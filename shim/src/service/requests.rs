@@ -11,6 +11,7 @@ use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::VgpuId;
 
 use super::enforce::Enforced;
+use super::unstarted::Unstarted;
 use super::Service;
 use crate::cgroup::FreezerCgroup;
 use crate::gpus::GpuSource;
@@ -213,7 +214,13 @@ impl Service {
             cgroup.version(),
             cgroup.path().display()
         );
-        self.enforced.insert(vgpu, Enforced::new(cgroup));
+        let mut enforced = Enforced::new(cgroup);
+        // Every attach (podman's createRuntime, runc's createRuntime or prestart, the shim
+        // after `runc create`) comes before the container starts.
+        if let Target::Pid(pid) = attachment.target {
+            enforced.unstarted = Unstarted::of(pid);
+        }
+        self.enforced.insert(vgpu, enforced);
     }
 
     /// What is saved of a vGPU (known to the node), `held` or not.
