@@ -22,6 +22,10 @@
 //! - [`CdiRegistry::check_inventory`] compares the spec's `GPU-…` devices with the node's GPUs
 //!   (a driver upgrade or a swapped card without regenerating the spec).
 //! - [`apply`] writes [`CdiEdits`] into a `config.json` value the way CDI does; all or nothing.
+//!
+//! The node service loads the registry and sends each reservation's [`CdiEdits`] in its reply;
+//! the hook only applies them, so `gpuplex-hook` never calls into the CDI crate (and the linker
+//! leaves it, with its YAML, JSON schema and HTTP dependencies, out of the hook's binary).
 //! - [`nvidia_runtime_conflict`] tells when a container asks NVIDIA's own runtime for GPUs too.
 //!   It must look at the config *before* [`apply`]: the spec's own hooks are NVIDIA's.
 //!
@@ -178,8 +182,10 @@ pub struct CdiHook {
     pub timeout: Option<i64>,
 }
 
-/// The edits for one assignment, merged: the spec-wide edits first, then each GPU's.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The edits for one assignment, merged: the spec-wide edits first, then each GPU's. The node
+/// service sends them with a reservation (`cdi` in its reply), in this form.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct CdiEdits {
     /// `KEY=value` entries; a later one replaces an earlier one of the same name.
     pub env: Vec<String>,

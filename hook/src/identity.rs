@@ -130,6 +130,7 @@ mod tests {
             }],
             weight: 2,
             priority: Priority::High,
+            cdi: None,
         }
     }
 

@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::protocol::VgpuReply;
 use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_ID};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::cdi::{self, CdiRegistry, CdiSettings};
+use crate::cdi::{self, CdiEdits, CdiSettings};
 use crate::client::{hook_config, ClientError, NodeClient, DEFAULT_CONFIG, DEFAULT_SOCKET};
 use crate::identity::{self, Identity};
 use crate::inject;
@@ -197,13 +198,10 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
         // Not ours, or edited already: pass it through untouched.
         return Ok(input.to_vec());
     }
-    // Before anything is reserved: a container that NVIDIA's runtime would give GPUs too, and
-    // the GPUs' CDI spec (none: device nodes only).
+    // Before anything is reserved: a container that NVIDIA's runtime would give GPUs too.
     if let Some(line) = cdi::nvidia_runtime_conflict(&config, &ctx.cdi.kind) {
         return Err(fail(line));
     }
-    let registry =
-        CdiRegistry::load(&ctx.cdi.spec_dirs, &ctx.cdi.kind).map_err(|e| fail(e.to_string()))?;
     let mut client = ctx.client(STAGE)?;
     let mut annotations = annotations;
     annotations.extend(pod_annotations(
@@ -227,33 +225,38 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
             ))
         })
         .and_then(|file| injection(ctx, &vgpu, file).map_err(fail))
-        .and_then(|inj| edit_with_cdi(&config, &inj, &registry, &vgpu).map_err(fail));
+        .and_then(|inj| edit_with_cdi(&config, &inj, &vgpu).map_err(fail));
     if edited.is_err() {
         undo(&mut client);
     }
     edited
 }
 
-/// The config to run: the CDI spec's edits for the vGPU's GPUs (when there is a spec), then
-/// gpuplex's own ([`spec::edit`]: the identity mount stays last).
+/// The config to run: the CDI spec's edits for the vGPU's GPUs (the node service sends them
+/// when the node has a spec), then gpuplex's own ([`spec::edit`]: the identity mount stays
+/// last).
 fn edit_with_cdi(
     config: &Value,
     injection: &Injection,
-    registry: &CdiRegistry,
     vgpu: &VgpuReply,
 ) -> Result<Vec<u8>, String> {
     let mut edited = config.clone();
-    if !registry.is_empty() {
-        let gpus: Vec<(u32, &str)> = vgpu
-            .gpus
-            .iter()
-            .map(|g| (g.index, g.uuid.as_str()))
-            .collect();
-        let edits = registry.edits_for(&gpus).map_err(|e| e.to_string())?;
+    if let Some(edits) = cdi_edits(vgpu)? {
         cdi::apply(&mut edited, &edits).map_err(|e| format!("CDI spec: {e}"))?;
     }
     spec::edit(&mut edited, injection).map_err(|e| e.to_string())?;
     serde_json::to_vec(&edited).map_err(|e| e.to_string())
+}
+
+/// The CDI edits the node service sent with a vGPU, if any.
+fn cdi_edits(vgpu: &VgpuReply) -> Result<Option<CdiEdits>, String> {
+    let Some(edits) = &vgpu.cdi else {
+        return Ok(None);
+    };
+    let edits = CdiEdits::deserialize(edits).map_err(|e| {
+        format!("the node service sent CDI edits this hook cannot read ({e}); is it of another gpuplex version?")
+    })?;
+    Ok(Some(edits))
 }
 
 /// The edit of a vGPU: its GPUs' device nodes (as the node service names them) and the
@@ -326,21 +329,6 @@ pub fn create_runtime(
             }
         };
     }
-    // The runc/crun path makes device nodes inside a container that exists already; a CDI
-    // spec's driver libraries, mounts and createContainer hooks cannot be added then.
-    let registry =
-        CdiRegistry::load(&ctx.cdi.spec_dirs, &ctx.cdi.kind).map_err(|e| fail(e.to_string()))?;
-    if !registry.is_empty() {
-        let files: Vec<String> = registry
-            .spec_files()
-            .iter()
-            .map(|f| f.display().to_string())
-            .collect();
-        return Err(fail(format!(
-            "this host's GPUs have a CDI spec ({}) whose driver libraries and hooks cannot be added to a container runc has already made; run it with podman (config/hooks.d) or containerd (runtime io.containerd.gpuplex.v1), which apply it",
-            files.join(", ")
-        )));
-    }
     let pod_keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
     let all = bundle.annotations();
     for key in pod_keys {
@@ -354,7 +342,16 @@ pub fn create_runtime(
     let vgpu = reply
         .vgpu
         .ok_or_else(|| fail("the node service replied without a vGPU".into()))?;
-    let injected = inject_registered(ctx, &vgpu, pid, &bundle);
+    // The runc/crun path makes device nodes inside a container that exists already; a CDI
+    // spec's driver libraries, mounts and createContainer hooks cannot be added then.
+    let injected = match cdi_edits(&vgpu) {
+        Ok(None) => inject_registered(ctx, &vgpu, pid, &bundle),
+        Ok(Some(edits)) => Err(format!(
+            "this host's GPUs have a CDI spec ({}) whose driver libraries and hooks cannot be added to a container runc has already made; run it with podman (config/hooks.d) or containerd (runtime io.containerd.gpuplex.v1), which apply it",
+            edits.spec_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+        )),
+        Err(e) => Err(e),
+    };
     if let Err(message) = injected {
         let _ = client.release(&state.id);
         let _ = identity::remove(&ctx.identity_dir, &vgpu.id);

@@ -153,6 +153,10 @@ pub struct VgpuReply {
     pub weight: u32,
     /// Priority class.
     pub priority: Priority,
+    /// The edits of the GPUs' CDI spec for its GPUs (the hook's `CdiEdits`), in the replies to
+    /// `reserve` and `register` on a node that has a spec of its CDI kind; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi: Option<Value>,
 }
 
 /// One GPU of a vGPU.
@@ -407,6 +411,7 @@ impl Node {
             gpus,
             weight: record.request.weight,
             priority: record.request.priority,
+            cdi: None,
         }
     }
 }

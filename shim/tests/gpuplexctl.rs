@@ -180,6 +180,7 @@ fn vgpu_reply(id: &str, container: Option<&str>) -> VgpuReply {
         }],
         weight: 2,
         priority: Priority::Normal,
+        cdi: None,
     }
 }
 

@@ -137,8 +137,8 @@ fn without_a_cdi_spec_a_podman_container_gets_device_nodes_only() {
 }
 
 #[test]
-fn a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_service_start() {
-    if !can_run("a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_service_start") {
+fn a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_start_and_at_creation() {
+    if !can_run("a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_start_and_at_creation") {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -159,6 +159,18 @@ fn a_cdi_spec_whose_gpus_disagree_with_the_nodes_is_named_at_service_start() {
     assert!(cdi_state.contains("GPU-0bad0000-0000"), "{cdi_state}");
     assert!(cdi_state.contains("GPU-fake-0"), "{cdi_state}");
     assert!(service.log().contains("CDI: "), "{}", service.log());
+
+    // A container asking for a vGPU meanwhile is refused, naming both sides, holding nothing.
+    let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
+    let out = podman.run(&["--annotation", "gpuplex.io/gpu-memory=1Gi"], "true");
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GPU-0bad0000-0000"), "{err}");
+    assert!(
+        err.contains("GPU-fake-0") && err.contains("regenerate"),
+        "{err}"
+    );
+    assert_eq!(service.held(), (0, 0), "{}", service.status());
 }
 
 #[test]

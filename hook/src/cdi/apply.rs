@@ -3,7 +3,8 @@
 //! but on a [`serde_json::Value`] so that fields oci-spec does not model are kept, like
 //! [`crate::spec::edit`].
 
-use container_device_interface::container_edits_unix::device_info_from_path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
 use gpuplex_scheduler::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
 
@@ -24,6 +25,27 @@ struct Plan {
     hooks: Vec<(String, Value)>,
     /// `process.user.additionalGids` entries.
     gids: Vec<u32>,
+}
+
+/// A host node's CDI type (`b`, `c`, `p`) and major and minor numbers (0 for a fifo).
+fn host_node(path: &str) -> Result<(String, i64, i64), String> {
+    let meta = std::fs::metadata(path).map_err(|err| err.to_string())?;
+    let kind = meta.file_type();
+    let rdev = meta.rdev();
+    let numbers = (
+        nix::sys::stat::major(rdev) as i64,
+        nix::sys::stat::minor(rdev) as i64,
+    );
+    let (node_type, (major, minor)) = if kind.is_block_device() {
+        ("b", numbers)
+    } else if kind.is_char_device() {
+        ("c", numbers)
+    } else if kind.is_fifo() {
+        ("p", (0, 0))
+    } else {
+        return Err("not a device node".to_owned());
+    };
+    Ok((node_type.to_owned(), major, minor))
 }
 
 /// The device cgroup access of a node: `rwm` when unset, nothing for `none`.
@@ -70,11 +92,10 @@ fn node_numbers(node: &CdiDeviceNode) -> Result<(String, Option<i64>, Option<i64
             .as_deref()
             .filter(|host| !host.is_empty())
             .unwrap_or(&node.path);
-        let (found, host_major, host_minor) = device_info_from_path(host).map_err(|err| {
+        let (found, host_major, host_minor) = host_node(host).map_err(|err| {
             format!(
-                "CDI device node {}: cannot read host node {host}: {}",
-                node.path,
-                super::one_line(&err.to_string())
+                "CDI device node {}: cannot read host node {host}: {err}",
+                node.path
             )
         })?;
         match node_type.as_deref() {

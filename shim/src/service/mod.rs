@@ -12,6 +12,7 @@
 //! paused it: `hold` on the socket, saved with its record) is its user's: no order, release,
 //! exit, shutdown or start freezes or thaws it until `unhold`.
 
+mod cdi;
 mod enforce;
 mod recover;
 mod requests;
@@ -35,6 +36,7 @@ use crate::state::{
     SavedAccounting, SavedGpuAccounting, SavedVgpuAccounting, StateDir, StateError,
 };
 
+use cdi::CdiSpecs;
 use enforce::Enforced;
 
 /// What the service's loop is told.
@@ -95,38 +97,9 @@ pub struct Service {
     enforced: BTreeMap<VgpuId, Enforced>,
     origin: std::time::Instant,
     node_name: String,
-    /// What containers get of the GPUs' CDI spec, in words, for status.
-    cdi: String,
+    /// The GPUs' CDI spec, as containers get it.
+    cdi: CdiSpecs,
     last_checkpoint: std::time::Instant,
-}
-
-/// The GPUs' CDI spec as containers will get it, checked against the GPUs and logged once:
-/// missing (with the command that writes one), malformed, disagreeing with the GPUs, or used.
-fn cdi_state(config: &NodeConfig, gpus: &[NodeGpu]) -> String {
-    let (dirs, kind) = (&config.service.cdi_spec_dirs, &config.service.cdi_kind);
-    let registry = match gpuplex_hook::cdi::CdiRegistry::load(dirs, kind) {
-        Ok(registry) => registry,
-        Err(e) => {
-            tracing::error!("CDI: {e}; containers that ask for a vGPU will fail until it is fixed");
-            return format!("error: {e}");
-        }
-    };
-    if let Some(why) = registry.why_empty() {
-        tracing::warn!("CDI: {why}; containers get device nodes only");
-        return format!("none: {why}");
-    }
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.gpu.uuid.as_str()).collect();
-    if let Err(e) = registry.check_inventory(&uuids) {
-        tracing::error!("CDI: {e}");
-        return format!("error: {e}");
-    }
-    let files: Vec<String> = registry
-        .spec_files()
-        .iter()
-        .map(|f| f.display().to_string())
-        .collect();
-    tracing::info!("CDI: {kind} from {}", files.join(", "));
-    format!("{kind} from {}", files.join(", "))
 }
 
 /// How often the accounting is saved.
@@ -189,7 +162,9 @@ impl Service {
             hierarchies.freezer,
             hierarchies.unified
         );
-        let cdi = cdi_state(&config, &found.gpus);
+        let uuids = found.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
+        let service = &config.service;
+        let cdi = CdiSpecs::load(&service.cdi_spec_dirs, &service.cdi_kind, uuids);
         let mut service = Service {
             node,
             gpus: found.gpus,
@@ -369,7 +344,7 @@ impl Service {
         let mut status = self.node.status(self.now());
         status.node = self.node_name.clone();
         status.activity = self.sampler.source().name().to_string();
-        status.cdi = self.cdi.clone();
+        status.cdi = self.cdi.state().to_owned();
         for g in &mut status.gpus {
             g.fake = self.gpus.iter().any(|n| n.gpu.index.0 == g.index && n.fake);
         }

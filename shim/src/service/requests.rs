@@ -21,11 +21,14 @@ impl Service {
     /// Carries out one request and says how it went.
     pub fn handle(&mut self, request: Request) -> Reply {
         match request {
-            Request::Status => Reply {
-                ok: true,
-                status: Some(self.status()),
-                ..Reply::default()
-            },
+            Request::Status => {
+                self.cdi.refresh();
+                Reply {
+                    ok: true,
+                    status: Some(self.status()),
+                    ..Reply::default()
+                }
+            }
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
             Request::Reserve { annotations } => self.reserve(&annotations),
@@ -60,11 +63,31 @@ impl Service {
             Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
+        let cdi = match self.cdi_edits(vgpu) {
+            Ok(cdi) => cdi,
+            Err(refused) => return Reply::error(refused),
+        };
         if let Err(e) = self.save(vgpu, None) {
             return Reply::error(e);
         }
         tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
-        self.reply(vgpu)
+        with_cdi(self.reply(vgpu), cdi)
+    }
+
+    /// The CDI edits for a new vGPU's GPUs; when there are none to be had (a broken spec, one
+    /// that disagrees with the GPUs), the vGPU is released and the refusal says why.
+    fn cdi_edits(&mut self, vgpu: VgpuId) -> Result<Option<serde_json::Value>, String> {
+        let reply = self.node.record(vgpu).map(|r| self.vgpu_reply(r));
+        let gpus: Vec<(u32, &str)> = reply
+            .iter()
+            .flat_map(|r| &r.gpus)
+            .map(|g| (g.index, g.uuid.as_str()))
+            .collect();
+        let edits = self.cdi.edits_for(&gpus);
+        if edits.is_err() {
+            self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
+        }
+        edits
     }
 
     fn attach(&mut self, vgpu: VgpuId, attachment: Attachment) -> Reply {
@@ -118,11 +141,15 @@ impl Service {
             Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
+        let cdi = match self.cdi_edits(vgpu) {
+            Ok(cdi) => cdi,
+            Err(refused) => return Reply::error(refused),
+        };
         if let Err(e) = self.save(vgpu, Some(&cgroup)) {
             return Reply::error(e);
         }
         self.enforce(vgpu, cgroup, attachment);
-        self.reply(vgpu)
+        with_cdi(self.reply(vgpu), cdi)
     }
 
     fn release(&mut self, key: &ReleaseKey) -> Reply {
@@ -335,4 +362,12 @@ fn saved_vgpu(
         }),
         held,
     }
+}
+
+/// A reply for a new vGPU, with its CDI edits.
+fn with_cdi(mut reply: Reply, cdi: Option<serde_json::Value>) -> Reply {
+    if let Some(vgpu) = &mut reply.vgpu {
+        vgpu.cdi = cdi;
+    }
+    reply
 }
