@@ -5,9 +5,12 @@
 # cgroups, registers them with gpuplexctl and measures, from the loops' own logs and from
 # `gpuplexctl status -o json`: throughput alone (registered or not), how fast gpuplex sees work
 # start and stop, the GPU shares under weights, the hand-over between windows, and that every
-# cgroup is thawed after the service stops. Prints a table; exits 0 when every check held, 1 when
-# one failed, 2 when the machine is not set up for it (not root, binaries missing, ...), and 77
-# (skip) on a machine without a usable NVIDIA GPU, never a pass it did not measure.
+# cgroup is thawed after the service stops; and, where podman and the NVIDIA Container Toolkit's
+# CDI spec are installed, that `nvidia-smi -L` in a podman container with a vGPU lists its GPU
+# alone (else that step is one SKIP row, and the rest still counts). Prints a table; exits 0 when
+# every check held, 1 when one failed, 2 when the machine is not set up for it (not root,
+# binaries missing, ...), and 77 (skip) on a machine without a usable NVIDIA GPU, never a pass it
+# did not measure.
 #
 # Environment: GPUPLEX_BIN_DIR (default <repo>/target/release), PYTHON (default python3),
 # GPUPLEX_VERIFY_LOOPS (2 or 3, default 3), GPUPLEX_VERIFY_MEMORY (per loop, default 2Gi),
@@ -24,6 +27,7 @@ MEMORY=${GPUPLEX_VERIFY_MEMORY:-2Gi}
 SECONDS_SHARES=${GPUPLEX_VERIFY_SECONDS:-20}
 SHIM=$BIN_DIR/containerd-shim-gpuplex-v1
 CTL=$BIN_DIR/gpuplexctl
+HOOK=$BIN_DIR/gpuplex-hook
 
 skip() { echo "verify.sh: SKIP: cannot run here: $*" >&2; exit 77; }
 setup_error() { echo "verify.sh: cannot run: $*" >&2; exit 2; }
@@ -39,7 +43,7 @@ TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__, torch.cuda.is_avail
     skip "no PyTorch for $PYTHON (pip install torch with CUDA)"
 [[ $TORCH == *" True" ]] || skip "PyTorch $TORCH sees no CUDA device (a CPU-only build, or a driver mismatch)"
 [[ $(id -u) -eq 0 ]] || setup_error "freezing cgroups needs root; run it with sudo"
-[[ -x $SHIM && -x $CTL ]] || setup_error "gpuplex binaries not found in $BIN_DIR; run cargo build --release or set GPUPLEX_BIN_DIR"
+[[ -x $SHIM && -x $CTL && -x $HOOK ]] || setup_error "gpuplex binaries not found in $BIN_DIR; run cargo build --release or set GPUPLEX_BIN_DIR"
 [[ $LOOPS == 2 || $LOOPS == 3 ]] || setup_error "GPUPLEX_VERIFY_LOOPS must be 2 or 3, not $LOOPS"
 if [[ $LOOPS == 2 ]]; then WEIGHTS=(1 2); else WEIGHTS=(1 1 2); fi
 
@@ -62,7 +66,7 @@ TMP=$(mktemp -d /tmp/gpuplex-verify.XXXXXX)
 mkdir -p "$TMP/state"
 SOCK=$TMP/gpuplex.sock
 SERVICE_PID=
-declare -a LOOP_IDS=() LOOP_PIDS=() CGROUPS=()
+declare -a LOOP_IDS=() LOOP_PIDS=() CGROUPS=() PODMAN=()
 
 # ---- Cleanup: always, on every exit ----------------------------------------------------------
 thaw() {
@@ -86,6 +90,8 @@ cleanup() {
         for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
     done
+    # A container left by an interrupted step 6 holds an overlay of / under $TMP: remove it first.
+    [[ ${#PODMAN[@]} -eq 0 ]] || "${PODMAN[@]}" rm -a -f -t 0 >/dev/null 2>&1 || true
     wait 2>/dev/null || true
     for cg in "${CGROUPS[@]}"; do
         for i in 1 2 3 4 5; do [[ -d $cg ]] || break; rmdir "$cg" 2>/dev/null || sleep 0.2; done
@@ -94,7 +100,7 @@ cleanup() {
     if [[ ${GPUPLEX_VERIFY_KEEP:-0} == 1 || ($rc -ne 0 && $rc -ne 77) ]]; then
         echo "verify.sh: logs kept in $TMP" >&2
     else
-        rm -rf "$TMP"
+        rm -rf --one-file-system "$TMP"
     fi
     exit "$rc"
 }
@@ -246,7 +252,100 @@ for id in "${LOOP_IDS[@]}"; do rm -f "$TMP/$id.gate"; done
 sleep 1
 snapshot status-final.json
 
-# ---- 6. Fail open: the service's SIGTERM thaws everything it froze ---------------------------
+# ---- 6. A podman container with a vGPU sees exactly its GPU ----------------------------------
+# gpuplex's podman hooks (config/hooks.d, run against this service) on a container whose root is
+# an overlay of the host's, so that no image or registry is needed: the toolkit's CDI spec, which
+# the service reads from its default cdi_spec_dirs, brings the driver's edits, and the hook adds
+# the assigned GPU's device entry alone. Needs podman and that spec; without them, one SKIP row.
+new_vgpus() { # before.json after.json: the vGPUs (containers or reservations) only after holds
+    "$PYTHON" -c 'import json,sys
+held = lambda p: {x["vgpu"] for d in [json.load(open(p))] for x in d["containers"] + d["reservations"]}
+print(" ".join(sorted(held(sys.argv[2]) - held(sys.argv[1]))))' "$TMP/$1" "$TMP/$2"
+}
+container_step() {
+    local spec cdi rc=0 vgpu assigned listed others=() seen=() uuid left t0 waited runtime=()
+    command -v podman >/dev/null 2>&1 || { check container SKIP "no podman: apt-get install podman"; return; }
+    spec=$(grep -lsE '"?kind"?[[:space:]]*:[[:space:]]*"?nvidia\.com/gpu("|[[:space:]]*$)' \
+        /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json | head -n1) || true
+    if [[ -z $spec ]]; then
+        check container SKIP "no CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+        return
+    fi
+    # The shipped hooks.d files, pointed at this build and this service's config.
+    "$PYTHON" - "$REPO/config/hooks.d" "$TMP/hooks.d" "$HOOK" "$TMP/gpuplex.toml" <<'EOF'
+import json, os, sys
+src, dst, hook, config = sys.argv[1:]
+os.makedirs(dst)
+for name in os.listdir(src):
+    h = json.load(open(os.path.join(src, name)))
+    h["hook"].update(path=hook, args=["gpuplex-hook", "--config", config, h["stages"][0]])
+    with open(os.path.join(dst, name), "w") as f:
+        json.dump(h, f)
+EOF
+    # A private store (vfs: nothing is stored with --rootfs), cgroupfs and a file event log, so
+    # that neither the host's podman state nor systemd is needed or touched.
+    PODMAN=(podman --root "$TMP/podman/root" --runroot "$TMP/podman/run" --tmpdir "$TMP/podman/tmp"
+        --storage-driver vfs --cgroup-manager cgroupfs --events-backend file --hooks-dir "$TMP/hooks.d")
+    # runc where there is one: crun refuses hosts with hybrid cgroups.
+    command -v runc >/dev/null 2>&1 && runtime=(--runtime runc)
+    snapshot status-container-before.json
+    cdi=$("$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["cdi"])' <"$TMP/status-container-before.json")
+    if [[ $cdi == "nvidia.com/gpu from "* ]]; then
+        check container_CDI_spec PASS "$cdi"
+    else
+        check container_CDI_spec FAIL "found $spec, but the service says: $cdi"
+    fi
+    say "podman: nvidia-smi -L in a container with a 1Gi vGPU (CDI spec $spec)"
+    # `--rootfs /:O`: the host's root as an overlay (its writes land under $TMP). podman's
+    # default nofile/nproc limits exceed what some hosts (containers among them) allow.
+    timeout 120 "${PODMAN[@]}" run --rm "${runtime[@]}" --network none \
+        --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 --annotation gpuplex.io/gpu-memory=1Gi \
+        --rootfs /:O sh -c 'cat /run/gpuplex/vgpu.json && nvidia-smi -L' \
+        >"$TMP/container.out" 2>"$TMP/container.err" </dev/null || rc=$?
+    t0=$(now)
+    if [[ $rc -eq 0 ]]; then
+        check container_run PASS "podman run exited 0"
+    else
+        # The first line, from a failed hook its own line (runc wraps it in one of its own).
+        check container_run FAIL "podman run exited $rc: $(sed -n '/./{s/.*stderr: //;p;q}' "$TMP/container.err" | cut -c1-100)"
+    fi
+    # The identity (/run/gpuplex/vgpu.json, printed first) names the assigned GPU.
+    vgpu=$(grep -m1 -o '"vgpu": *"[^"]*"' "$TMP/container.out" | cut -d'"' -f4) || true
+    assigned=$(grep -o '"uuid": *"[^"]*"' "$TMP/container.out" | cut -d'"' -f4 | paste -sd' ') || true
+    listed=$(grep -E '^GPU [0-9]+: .*\(UUID: GPU-' "$TMP/container.out" |
+        sed -E 's/.*\(UUID: ([^)]*)\).*/\1/' | paste -sd' ') || true
+    if [[ -n $assigned && $listed == "$assigned" ]]; then
+        check container_sees_its_GPU PASS "$listed only ($vgpu)"
+    else
+        check container_sees_its_GPU FAIL "nvidia-smi -L: ${listed:-no GPU}; assigned: ${assigned:-none}"
+    fi
+    if [[ $GPU_COUNT -gt 1 && -n $assigned ]]; then
+        mapfile -t others < <(nvidia-smi --query-gpu=uuid --format=csv,noheader |
+            grep -vxF "${assigned:-none}")
+        for uuid in "${others[@]}"; do grep -qF "$uuid" "$TMP/container.out" && seen+=("$uuid"); done
+        if [[ ${#seen[@]} -eq 0 ]]; then
+            check container_sees_no_other_GPU PASS "none of the other ${#others[@]} GPUs' UUIDs"
+        else
+            check container_sees_no_other_GPU FAIL "${seen[*]}"
+        fi
+    fi
+    # poststop releases the vGPU; nothing the run reserved may outlive it by more than 3 s.
+    for _ in $(seq 30); do
+        snapshot status-container-after.json
+        left=$(new_vgpus status-container-before.json status-container-after.json)
+        [[ -z $left ]] && break
+        sleep 0.1
+    done
+    waited=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+    if [[ -z $left ]]; then
+        check container_released PASS "no vGPU left $waited s after exit${vgpu:+ (was $vgpu)}"
+    else
+        check container_released FAIL "still held 3 s after exit: $left"
+    fi
+}
+container_step
+
+# ---- 7. Fail open: the service's SIGTERM thaws everything it froze ---------------------------
 # Freeze-prone moment: every loop gets work again, then the service is stopped mid-window.
 for id in "${LOOP_IDS[@]}"; do touch "$TMP/$id.gate"; done
 sleep 2
