@@ -32,7 +32,7 @@
 mod cases;
 mod device;
 mod edit;
-mod json;
+pub(crate) mod json;
 #[cfg(test)]
 mod tests;
 

@@ -9,6 +9,8 @@ use gpuplex_scheduler::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
 
 use super::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount, HOOK_NAMES};
+use crate::spec::json::{all_objects, all_strings, array, object, push_new, replace_or_push};
+use crate::spec::SpecError;
 
 /// What goes into the config, built and checked (host nodes read) before anything changes.
 #[derive(Default)]
@@ -237,7 +239,7 @@ impl Plan {
     }
 
     /// Writes the plan into `root`, the config's top-level object.
-    fn write(self, root: &mut Map<String, Value>) -> Result<(), String> {
+    fn write(self, root: &mut Map<String, Value>) -> Result<(), SpecError> {
         if !self.devices.is_empty() || !self.rules.is_empty() {
             let linux = object(root, "linux", "linux")?;
             let devices = array(linux, "devices", "linux.devices")?;
@@ -248,9 +250,7 @@ impl Plan {
             let resources = object(linux, "resources", "linux.resources")?;
             let rules = array(resources, "devices", "linux.resources.devices")?;
             for rule in self.rules {
-                if !rules.contains(&rule) {
-                    rules.push(rule);
-                }
+                push_new(rules, rule);
             }
         }
         if !self.env.is_empty() || !self.gids.is_empty() {
@@ -288,9 +288,7 @@ impl Plan {
             let hooks = object(root, "hooks", "hooks")?;
             for (stage, entry) in self.hooks {
                 let entries = array(hooks, &stage, &format!("hooks.{stage}"))?;
-                if !entries.contains(&entry) {
-                    entries.push(entry);
-                }
+                push_new(entries, entry);
             }
         }
         Ok(())
@@ -318,76 +316,7 @@ pub fn apply(config: &mut Value, edits: &CdiEdits) -> Result<(), String> {
     let root = edited
         .as_object_mut()
         .ok_or_else(|| format!("config.json: not a JSON object (it is {})", kind(config)))?;
-    plan.write(root)?;
+    plan.write(root).map_err(|e| e.to_string())?;
     *config = edited;
     Ok(())
-}
-
-fn wrong(field: &str, expected: &str, found: &Value) -> String {
-    format!(
-        "config.json: {field} is not {expected} (it is {})",
-        kind(found)
-    )
-}
-
-/// The object `parent[key]`, created empty when absent or `null`.
-fn object<'a>(
-    parent: &'a mut Map<String, Value>,
-    key: &str,
-    field: &str,
-) -> Result<&'a mut Map<String, Value>, String> {
-    let slot = parent.entry(key).or_insert(Value::Null);
-    if slot.is_null() {
-        *slot = Value::Object(Map::new());
-    }
-    match slot {
-        Value::Object(map) => Ok(map),
-        other => Err(wrong(field, "an object", other)),
-    }
-}
-
-/// The array `parent[key]`, created empty when absent or `null`.
-fn array<'a>(
-    parent: &'a mut Map<String, Value>,
-    key: &str,
-    field: &str,
-) -> Result<&'a mut Vec<Value>, String> {
-    let slot = parent.entry(key).or_insert(Value::Null);
-    if slot.is_null() {
-        *slot = Value::Array(Vec::new());
-    }
-    match slot {
-        Value::Array(items) => Ok(items),
-        other => Err(wrong(field, "an array", other)),
-    }
-}
-
-fn all_objects(items: &[Value], field: &str) -> Result<(), String> {
-    match items.iter().position(|item| !item.is_object()) {
-        Some(i) => Err(wrong(&format!("{field}[{i}]"), "an object", &items[i])),
-        None => Ok(()),
-    }
-}
-
-fn all_strings(items: &[Value], field: &str) -> Result<(), String> {
-    match items.iter().position(|item| !item.is_string()) {
-        Some(i) => Err(wrong(&format!("{field}[{i}]"), "a string", &items[i])),
-        None => Ok(()),
-    }
-}
-
-/// Puts `entry` where the first item that `same` picks is, drops the other items it picks, and
-/// appends `entry` when it picks none (as `spec::json::replace_or_push`).
-fn replace_or_push(items: &mut Vec<Value>, entry: Value, same: impl Fn(&Value) -> bool) {
-    let mut entry = Some(entry);
-    let mut kept = Vec::with_capacity(items.len() + 1);
-    for item in items.drain(..) {
-        if !same(&item) {
-            kept.push(item);
-        } else if let Some(entry) = entry.take() {
-            kept.push(entry);
-        }
-    }
-    kept.extend(entry);
-    *items = kept;
 }

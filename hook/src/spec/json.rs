@@ -16,7 +16,7 @@ fn wrong(field: &str, expected: &'static str, found: &Value) -> SpecError {
 }
 
 /// The object `parent[key]`, created empty when absent or `null`; `field` names it in errors.
-pub(super) fn object<'a>(
+pub(crate) fn object<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
     field: &str,
@@ -32,7 +32,7 @@ pub(super) fn object<'a>(
 }
 
 /// The array `parent[key]`, created empty when absent or `null`; `field` names it in errors.
-pub(super) fn array<'a>(
+pub(crate) fn array<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
     field: &str,
@@ -48,7 +48,7 @@ pub(super) fn array<'a>(
 }
 
 /// Checks that every item of `items` (the array `field`) is an object.
-pub(super) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError> {
+pub(crate) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError> {
     match items.iter().position(|item| !item.is_object()) {
         Some(i) => Err(wrong(&format!("{field}[{i}]"), "an object", &items[i])),
         None => Ok(()),
@@ -56,7 +56,7 @@ pub(super) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError>
 }
 
 /// Checks that every item of `items` (the array `field`) is a string.
-pub(super) fn all_strings(items: &[Value], field: &str) -> Result<(), SpecError> {
+pub(crate) fn all_strings(items: &[Value], field: &str) -> Result<(), SpecError> {
     match items.iter().position(|item| !item.is_string()) {
         Some(i) => Err(wrong(&format!("{field}[{i}]"), "a string", &items[i])),
         None => Ok(()),
@@ -65,7 +65,7 @@ pub(super) fn all_strings(items: &[Value], field: &str) -> Result<(), SpecError>
 
 /// Puts `entry` where the first item that `same` picks is, drops the other items it picks, and
 /// appends `entry` when it picks none. The other items keep their order.
-pub(super) fn replace_or_push(items: &mut Vec<Value>, entry: Value, same: impl Fn(&Value) -> bool) {
+pub(crate) fn replace_or_push(items: &mut Vec<Value>, entry: Value, same: impl Fn(&Value) -> bool) {
     let mut entry = Some(entry);
     let mut kept = Vec::with_capacity(items.len() + 1);
     for item in items.drain(..) {
@@ -80,7 +80,7 @@ pub(super) fn replace_or_push(items: &mut Vec<Value>, entry: Value, same: impl F
 }
 
 /// Appends `entry` unless an equal item is there.
-pub(super) fn push_new(items: &mut Vec<Value>, entry: Value) {
+pub(crate) fn push_new(items: &mut Vec<Value>, entry: Value) {
     if !items.contains(&entry) {
         items.push(entry);
     }
