@@ -64,6 +64,10 @@ pub struct SavedAttachment {
     pub cgroup: Option<String>,
     /// The freezer cgroup found for it.
     pub freezer: SavedFreezer,
+    /// The program (device, inode) its init ran when attached, while it has not started: a
+    /// restarted service samples it only once its init runs another. Written only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<[u64; 2]>,
 }
 
 /// A freezer cgroup as saved.
@@ -340,6 +344,7 @@ mod tests {
                     version: "v1".into(),
                     path: "/sys/fs/cgroup/freezer/c".into(),
                 },
+                program: None,
             }),
             held: false,
         }

@@ -365,6 +365,12 @@ fn a_container_is_not_frozen_between_its_attach_and_its_start() {
     // Twenty samples, each showing work, while it waits for its start.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(status("gpuplex-runc-late"), "created", "{}", service.log());
+    // A restarted service, which recovers both, leaves it alone as well.
+    service.stop();
+    service = NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, "");
+    assert_eq!(service.held(), (2, 0), "{}", service.log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status("gpuplex-runc-late"), "created", "{}", service.log());
     let out = quiet(runc.command().args(["start", "gpuplex-runc-late"]));
     assert!(out.0.success(), "{}", out.1);
     // Started, it is scheduled: it waits for the holder's window, frozen.

@@ -13,6 +13,7 @@ use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
 use super::enforce::Enforced;
+use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
 use crate::state::{unix_ms, SavedVgpu};
 
@@ -179,6 +180,12 @@ impl Service {
         self.node.restore(record, now).map_err(|e| e.to_string())?;
         if let Some(cgroup) = cgroup {
             let mut enforced = Enforced::new(cgroup);
+            // Attached before its start and not started then: it is not sampled before it is.
+            if let Some(a) = &saved.attachment {
+                if let (Some(pid), Some(program)) = (a.pid, a.program) {
+                    enforced.unstarted = Some(Unstarted::saved(pid, program));
+                }
+            }
             if saved.held {
                 // Restored attached, so the node accepts the hold; were it refused, the
                 // service would still leave the cgroup alone (`Enforced::held`).

@@ -102,10 +102,9 @@ impl Service {
         if let Err(e) = self.node.attach(vgpu, attachment.clone(), self.now()) {
             return Reply::error(e);
         }
-        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
+        if let Err(e) = self.enforce(vgpu, cgroup, &attachment) {
             return Reply::error(e);
         }
-        self.enforce(vgpu, cgroup, attachment);
         self.reply(vgpu)
     }
 
@@ -145,10 +144,9 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::error(refused),
         };
-        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
+        if let Err(e) = self.enforce(vgpu, cgroup, &attachment) {
             return Reply::error(e);
         }
-        self.enforce(vgpu, cgroup, attachment);
         with_cdi(self.reply(vgpu), cdi)
     }
 
@@ -233,7 +231,25 @@ impl Service {
         found.map_err(|e| e.to_string())
     }
 
-    fn enforce(&mut self, vgpu: VgpuId, cgroup: FreezerCgroup, attachment: Attachment) {
+    /// Enforces an attached vGPU from now on and saves it; on failure it is released (see
+    /// [`Service::save`]) and not enforced.
+    fn enforce(
+        &mut self,
+        vgpu: VgpuId,
+        cgroup: FreezerCgroup,
+        attachment: &Attachment,
+    ) -> Result<(), String> {
+        let mut enforced = Enforced::new(cgroup.clone());
+        // Every attach (podman's createRuntime, runc's createRuntime or prestart, the shim
+        // after `runc create`) comes before the container starts.
+        if let Target::Pid(pid) = attachment.target {
+            enforced.unstarted = Unstarted::of(pid);
+        }
+        self.enforced.insert(vgpu, enforced);
+        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
+            self.enforced.remove(&vgpu);
+            return Err(e);
+        }
         tracing::info!(
             "{vgpu}: {} attached on GPU {}, freezer {} {}",
             attachment.container,
@@ -241,13 +257,7 @@ impl Service {
             cgroup.version(),
             cgroup.path().display()
         );
-        let mut enforced = Enforced::new(cgroup);
-        // Every attach (podman's createRuntime, runc's createRuntime or prestart, the shim
-        // after `runc create`) comes before the container starts.
-        if let Target::Pid(pid) = attachment.target {
-            enforced.unstarted = Unstarted::of(pid);
-        }
-        self.enforced.insert(vgpu, enforced);
+        Ok(())
     }
 
     /// What is saved of a vGPU (known to the node), `held` or not.
@@ -257,7 +267,12 @@ impl Service {
         let reserved_at = SystemTime::now()
             .checked_sub(age)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at, held)
+        let unstarted = self.enforced.get(&vgpu).and_then(|e| e.unstarted);
+        let mut saved = saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at, held);
+        if let Some(a) = &mut saved.attachment {
+            a.program = unstarted.map(|u| u.program());
+        }
+        saved
     }
 
     /// Saves a vGPU's record; on failure releases it and returns the error reply.
@@ -358,6 +373,7 @@ fn saved_vgpu(
                     Target::Pid(_) => None,
                 },
                 freezer: SavedFreezer::of(cgroup),
+                program: None,
             })
         }),
         held,

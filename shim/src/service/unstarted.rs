@@ -26,6 +26,19 @@ impl Unstarted {
         })
     }
 
+    /// The init `pid` as saved before a restart: running `program` (device, inode).
+    pub fn saved(pid: u32, program: [u64; 2]) -> Unstarted {
+        Unstarted {
+            pid,
+            program: (program[0], program[1]),
+        }
+    }
+
+    /// The program it ran when attached, to save.
+    pub fn program(&self) -> [u64; 2] {
+        [self.program.0, self.program.1]
+    }
+
     /// Whether the init has started its container's program since (or is gone).
     pub fn has_started(&self) -> bool {
         program_of(self.pid) != Some(self.program)
