@@ -77,11 +77,11 @@ impl Service {
     /// The CDI edits for a new vGPU's GPUs; when there are none to be had (a broken spec, one
     /// that disagrees with the GPUs), the vGPU is released and the refusal says why.
     fn cdi_edits(&mut self, vgpu: VgpuId) -> Result<Option<serde_json::Value>, String> {
-        let reply = self.node.record(vgpu).map(|r| self.vgpu_reply(r));
-        let gpus: Vec<(u32, &str)> = reply
-            .iter()
-            .flat_map(|r| &r.gpus)
-            .map(|g| (g.index, g.uuid.as_str()))
+        let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
+        let gpus: Vec<(u32, &str)> = assigned
+            .into_iter()
+            .flatten()
+            .filter_map(|&g| Some((g.0, self.node.inventory().gpu(g)?.uuid.as_str())))
             .collect();
         let edits = self.cdi.edits_for(&gpus);
         if edits.is_err() {

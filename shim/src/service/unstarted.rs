@@ -14,7 +14,8 @@ use std::os::unix::fs::MetadataExt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Unstarted {
     pid: u32,
-    program: (u64, u64),
+    /// The device and inode of its program.
+    program: [u64; 2],
 }
 
 impl Unstarted {
@@ -28,15 +29,12 @@ impl Unstarted {
 
     /// The init `pid` as saved before a restart: running `program` (device, inode).
     pub fn saved(pid: u32, program: [u64; 2]) -> Unstarted {
-        Unstarted {
-            pid,
-            program: (program[0], program[1]),
-        }
+        Unstarted { pid, program }
     }
 
     /// The program it ran when attached, to save.
     pub fn program(&self) -> [u64; 2] {
-        [self.program.0, self.program.1]
+        self.program
     }
 
     /// Whether the init has started its container's program since (or is gone).
@@ -46,9 +44,9 @@ impl Unstarted {
 }
 
 /// The device and inode of the program `pid` runs.
-fn program_of(pid: u32) -> Option<(u64, u64)> {
+fn program_of(pid: u32) -> Option<[u64; 2]> {
     let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
-    Some((meta.dev(), meta.ino()))
+    Some([meta.dev(), meta.ino()])
 }
 
 #[cfg(test)]
