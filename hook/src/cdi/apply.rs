@@ -9,7 +9,9 @@ use gpuplex_scheduler::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
 
 use super::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount, HOOK_NAMES};
-use crate::spec::json::{all_objects, all_strings, array, object, push_new, replace_or_push};
+use crate::spec::json::{
+    all_objects, all_strings, array, object, push_new, replace_or_push, write_devices,
+};
 use crate::spec::SpecError;
 
 /// What goes into the config, built and checked (host nodes read) before anything changes.
@@ -241,17 +243,7 @@ impl Plan {
     /// Writes the plan into `root`, the config's top-level object.
     fn write(self, root: &mut Map<String, Value>) -> Result<(), SpecError> {
         if !self.devices.is_empty() || !self.rules.is_empty() {
-            let linux = object(root, "linux", "linux")?;
-            let devices = array(linux, "devices", "linux.devices")?;
-            all_objects(devices, "linux.devices")?;
-            for (path, entry) in self.devices {
-                replace_or_push(devices, entry, |item| item["path"] == path.as_str());
-            }
-            let resources = object(linux, "resources", "linux.resources")?;
-            let rules = array(resources, "devices", "linux.resources.devices")?;
-            for rule in self.rules {
-                push_new(rules, rule);
-            }
+            write_devices(root, self.devices, self.rules)?;
         }
         if !self.env.is_empty() || !self.gids.is_empty() {
             let process = object(root, "process", "process")?;

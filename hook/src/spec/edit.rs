@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::json::{all_objects, all_strings, array, kind, object, push_new, replace_or_push};
+use super::json::{all_objects, all_strings, array, kind, object, replace_or_push, write_devices};
 use super::{
     HookCommand, Injection, SpecError, HOOK_STAGES, IDENTITY_MOUNT_OPTIONS, IDENTITY_PATH,
     VGPU_ID_ANNOTATION, VISIBLE_DEVICES,
@@ -113,17 +113,7 @@ impl Plan {
 
     /// Writes the plan into `root`, the config's top-level object.
     fn apply(self, root: &mut Map<String, Value>) -> Result<(), SpecError> {
-        let linux = object(root, "linux", "linux")?;
-        let devices = array(linux, "devices", "linux.devices")?;
-        all_objects(devices, "linux.devices")?;
-        for (path, entry) in self.devices {
-            replace_or_push(devices, entry, |item| item["path"] == path.as_str());
-        }
-        let resources = object(linux, "resources", "linux.resources")?;
-        let rules = array(resources, "devices", "linux.resources.devices")?;
-        for rule in self.rules {
-            push_new(rules, rule);
-        }
+        write_devices(root, self.devices, self.rules)?;
 
         let process = object(root, "process", "process")?;
         let env = array(process, "env", "process.env")?;

@@ -85,3 +85,25 @@ pub(crate) fn push_new(items: &mut Vec<Value>, entry: Value) {
         items.push(entry);
     }
 }
+
+/// Writes device nodes (`linux.devices` entries, each with its container path, replacing an
+/// entry of the same path) and their allow rules (`linux.resources.devices`, each once) into
+/// `root`, the config's top-level object.
+pub(crate) fn write_devices(
+    root: &mut Map<String, Value>,
+    devices: Vec<(String, Value)>,
+    rules: Vec<Value>,
+) -> Result<(), SpecError> {
+    let linux = object(root, "linux", "linux")?;
+    let entries = array(linux, "devices", "linux.devices")?;
+    all_objects(entries, "linux.devices")?;
+    for (path, entry) in devices {
+        replace_or_push(entries, entry, |item| item["path"] == path.as_str());
+    }
+    let resources = object(linux, "resources", "linux.resources")?;
+    let allowed = array(resources, "devices", "linux.resources.devices")?;
+    for rule in rules {
+        push_new(allowed, rule);
+    }
+    Ok(())
+}
