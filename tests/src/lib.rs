@@ -340,6 +340,32 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// A busy loop for share tests: it counts its iterations and writes the count to `file` (a
+/// path in the container) every 500, through a rename, so that a read never sees half of it.
+pub fn counting_loop(file: &str) -> String {
+    format!(
+        "i=0; while :; do i=$((i+1)); if [ $((i % 500)) -eq 0 ]; then echo $i > {file}.tmp; mv {file}.tmp {file}; fi; done"
+    )
+}
+
+/// The share of the iterations that the `heavy` one of two [`counting_loop`]s (`light` and
+/// `heavy`) made over 8 s, counted from a second after both have counted; `count(name)` reads
+/// a loop's count (0 before it has one). `None` when one has not counted within 5 s.
+pub fn heavy_share(count: impl Fn(&str) -> f64) -> Option<f64> {
+    if !wait_until(Duration::from_secs(5), || {
+        count("light") > 0.0 && count("heavy") > 0.0
+    }) {
+        return None;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (l0, h0) = (count("light"), count("heavy"));
+    std::thread::sleep(Duration::from_secs(8));
+    let (l, h) = (count("light") - l0, count("heavy") - h0);
+    let share = h / (l + h);
+    eprintln!("heavy got {share:.3} of the loop iterations (light {l}, heavy {h})");
+    Some(share)
+}
+
 /// Waits until `check` holds, up to `within`.
 pub fn wait_until(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

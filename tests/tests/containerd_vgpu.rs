@@ -177,9 +177,7 @@ fn two_containerd_containers_on_one_gpu_take_turns_by_weight() {
     let (c, service) = (&rig.containerd, &rig.service);
     for (name, weight) in [("light", 1), ("heavy", 3)] {
         let weight = format!("gpuplex.io/weight={weight}");
-        let script = format!(
-            "i=0; while :; do i=$((i+1)); if [ $((i % 500)) -eq 0 ]; then echo $i > /data/{name}.tmp; mv /data/{name}.tmp /data/{name}; fi; done"
-        );
+        let script = counting_loop(&format!("/data/{name}"));
         c.run_detached(
             GPUPLEX,
             &[&weight, "gpuplex.io/gpu-memory=4Gi"],
@@ -193,18 +191,12 @@ fn two_containerd_containers_on_one_gpu_take_turns_by_weight() {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    assert!(
-        wait_until(Duration::from_secs(5), || read("light") > 0.0
-            && read("heavy") > 0.0),
-        "{}",
-        service.status()
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    let (l0, h0) = (read("light"), read("heavy"));
-    std::thread::sleep(Duration::from_secs(8));
-    let (l, h) = (read("light") - l0, read("heavy") - h0);
-    let share = h / (l + h);
-    eprintln!("heavy (weight 3) got {share:.3} of the loop iterations (light {l}, heavy {h})");
+    let Some(share) = heavy_share(read) else {
+        panic!(
+            "the loops did not both count within 5 s: {}",
+            service.status()
+        );
+    };
     assert!(
         (share - 0.75).abs() <= 0.075,
         "heavy's share {share:.3}, want 0.75 ± 10%"
