@@ -216,8 +216,9 @@ fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
     assert_eq!(n.inventory().unreserved(GpuIndex(0)), 10 * GIB);
 }
 
-#[test]
-fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
+/// Containers `a` and `b`, registered on one GPU and both with work at 50 ms: the decision
+/// then freezes one of them. The node, `a`, `b` and the frozen one.
+fn contending() -> (Node, VgpuId, VgpuId, VgpuId) {
     let mut n = node(1, AssignmentPolicy::Spread);
     let a = n
         .register(EIGHT.iter().copied(), container("a", 1), at(0))
@@ -229,12 +230,16 @@ fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
         .id;
     n.observe(a, true, at(50));
     n.observe(b, true, at(50));
-    let d = n.decide(at(50));
-    assert_eq!(d.actions.len(), 1);
-    let frozen = match d.actions[0] {
-        Action::Freeze(v) => v,
-        other => panic!("{other:?}"),
+    let frozen = match n.decide(at(50)).actions[..] {
+        [Action::Freeze(w)] => w,
+        ref other => panic!("one freeze, not {other:?}"),
     };
+    (n, a, b, frozen)
+}
+
+#[test]
+fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
+    let (mut n, a, _, frozen) = contending();
     let name = if frozen == a { "a" } else { "b" };
     let status = n.status(at(80));
     let waiting = status
@@ -260,22 +265,8 @@ fn release_by_container_thaws_a_frozen_one_and_frees_its_memory() {
 
 #[test]
 fn a_held_container_is_paused_gets_no_order_and_rejoins_thawed() {
-    let mut n = node(1, AssignmentPolicy::Spread);
-    let a = n
-        .register(EIGHT.iter().copied(), container("a", 1), at(0))
-        .unwrap()
-        .id;
-    let b = n
-        .register(EIGHT.iter().copied(), container("b", 2), at(0))
-        .unwrap()
-        .id;
-    n.observe(a, true, at(50));
-    n.observe(b, true, at(50));
-    let d = n.decide(at(50));
-    let (holder, waiter) = match d.actions[..] {
-        [Action::Freeze(w)] => (if w == a { b } else { a }, w),
-        ref other => panic!("{other:?}"),
-    };
+    let (mut n, a, b, waiter) = contending();
+    let holder = if waiter == a { b } else { a };
     // The window holder's user pauses it, by container; then again, by vGPU.
     let name = |v: VgpuId| if v == a { "a" } else { "b" };
     let key = ReleaseKey::Container(name(holder).into());
@@ -334,21 +325,7 @@ fn a_hold_needs_an_attached_container() {
 
 #[test]
 fn a_held_container_released_is_left_to_its_user() {
-    let mut n = node(1, AssignmentPolicy::Spread);
-    let a = n
-        .register(EIGHT.iter().copied(), container("a", 1), at(0))
-        .unwrap()
-        .id;
-    let b = n
-        .register(EIGHT.iter().copied(), container("b", 2), at(0))
-        .unwrap()
-        .id;
-    n.observe(a, true, at(50));
-    n.observe(b, true, at(50));
-    let frozen = match n.decide(at(50)).actions[..] {
-        [Action::Freeze(w)] => w,
-        ref other => panic!("{other:?}"),
-    };
+    let (mut n, _, _, frozen) = contending();
     n.hold(&ReleaseKey::Vgpu(frozen), true, at(60)).unwrap();
     let released = n.release(&ReleaseKey::Vgpu(frozen), at(70)).unwrap();
     assert_eq!(
