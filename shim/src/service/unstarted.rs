@@ -79,12 +79,12 @@ mod tests {
 
     #[test]
     fn a_process_that_is_gone_counts_as_started() {
-        let mut child = Command::new("true").spawn().unwrap();
-        let unstarted = Unstarted::of(child.id());
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let unstarted = Unstarted::of(child.id()).expect("a live process");
+        assert!(!unstarted.has_started());
+        child.kill().unwrap();
         child.wait().unwrap();
-        if let Some(u) = unstarted {
-            assert!(u.has_started());
-        }
+        assert!(unstarted.has_started());
         assert_eq!(Unstarted::of(child.id()), None);
     }
 }
