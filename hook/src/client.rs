@@ -13,9 +13,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpuplex_scheduler::node::{NodeStatus, Target};
+use gpuplex_scheduler::node::{NodeStatus, ReleaseKey, Target};
 use gpuplex_scheduler::protocol::{Reply, VgpuReply};
-use gpuplex_scheduler::VgpuId;
+use gpuplex_scheduler::Handle;
 use serde_json::{json, Value};
 
 /// Where the node service listens unless told otherwise.
@@ -164,27 +164,53 @@ impl NodeClient {
         reply.status.ok_or_else(|| self.missing("status"))
     }
 
-    /// Reserves a vGPU for the container `id` and attaches it at once.
+    /// Reserves a vGPU for a container that does not exist yet; the reply has its handle.
+    pub fn reserve(
+        &mut self,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<VgpuReply, ClientError> {
+        let reply = self.request(&json!({"op": "reserve", "annotations": annotations}))?;
+        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// Attaches container `id`, whose init is `pid`, to the reservation made with `handle`;
+    /// `unstarted`: its init has not started the container's program yet (a hook at
+    /// `createRuntime`, the shim after `runc create`).
+    pub fn attach(
+        &mut self,
+        handle: &Handle,
+        id: &str,
+        pid: u32,
+        unstarted: bool,
+    ) -> Result<VgpuReply, ClientError> {
+        let request = json!({"op": "attach", "handle": handle.to_string(), "container": id,
+                             "pid": pid, "unstarted": unstarted});
+        let reply = self.request(&request)?;
+        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// Reserves a vGPU for the container `id` and attaches it at once (`unstarted` as for
+    /// [`NodeClient::attach`]). The reply has a handle only when this call reserved the vGPU.
     pub fn register(
         &mut self,
         id: &str,
         target: &Target,
         annotations: &BTreeMap<String, String>,
+        unstarted: bool,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&register_request(id, target, annotations))?;
+        let reply = self.request(&register_request(id, target, annotations, unstarted))?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
     }
 
-    /// Releases a vGPU: `key` is its id when it reads like one (`vgpu-3`), else the id of its
-    /// container. `None` when nothing was registered under `key`.
-    pub fn release(&mut self, key: &str) -> Result<Option<VgpuReply>, ClientError> {
+    /// Releases the vGPU `key` names. `None` when there is none.
+    pub fn release(&mut self, key: &ReleaseKey) -> Result<Option<VgpuReply>, ClientError> {
         Ok(self.request(&release_request(key))?.vgpu)
     }
 
     /// Holds a container its user paused (`held`), or lets it go once its user resumed it
-    /// (`unhold`): while held, the node service neither freezes nor thaws it. `key` is read as
-    /// [`NodeClient::release`] reads it. An unknown container is [`ClientError::Refused`].
-    pub fn hold(&mut self, key: &str, held: bool) -> Result<Option<VgpuReply>, ClientError> {
+    /// (`unhold`): while held, the node service neither freezes nor thaws it. An unknown
+    /// container is [`ClientError::Refused`].
+    pub fn hold(&mut self, key: &ReleaseKey, held: bool) -> Result<Option<VgpuReply>, ClientError> {
         Ok(self.request(&hold_request(key, held))?.vgpu)
     }
 
@@ -242,28 +268,30 @@ pub fn register_request(
     id: &str,
     target: &Target,
     annotations: &BTreeMap<String, String>,
+    unstarted: bool,
 ) -> Value {
     let mut request = json!({ "op": "register", "annotations": annotations, "container": id });
     match target {
         Target::Pid(pid) => request["pid"] = json!(pid),
         Target::Cgroup(path) => request["cgroup"] = json!(path),
     }
+    if unstarted {
+        request["unstarted"] = json!(true);
+    }
     request
 }
 
-/// The request line [`NodeClient::release`] sends, as JSON: by vGPU when `key` parses as a
-/// vGPU id, else by container.
-pub fn release_request(key: &str) -> Value {
-    if key.parse::<VgpuId>().is_ok() {
-        json!({ "op": "release", "vgpu": key })
-    } else {
-        json!({ "op": "release", "container": key })
+/// The request line [`NodeClient::release`] sends, as JSON.
+pub fn release_request(key: &ReleaseKey) -> Value {
+    match key {
+        ReleaseKey::Vgpu(v) => json!({ "op": "release", "vgpu": v.to_string() }),
+        ReleaseKey::Container(c) => json!({ "op": "release", "container": c }),
+        ReleaseKey::Handle(h) => json!({ "op": "release", "handle": h.to_string() }),
     }
 }
 
-/// The request line [`NodeClient::hold`] sends, as JSON: `hold` or `unhold`, by vGPU when `key`
-/// parses as a vGPU id, else by container.
-pub fn hold_request(key: &str, held: bool) -> Value {
+/// The request line [`NodeClient::hold`] sends, as JSON: `hold` or `unhold`.
+pub fn hold_request(key: &ReleaseKey, held: bool) -> Value {
     let mut request = release_request(key);
     request["op"] = json!(if held { "hold" } else { "unhold" });
     request
@@ -370,10 +398,13 @@ mod tests {
         ]);
         let mut client = NodeClient::connect(&path).unwrap();
         let err = client
-            .register("c1", &Target::Pid(7), &BTreeMap::new())
+            .register("c1", &Target::Pid(7), &BTreeMap::new(), true)
             .unwrap_err();
         assert_eq!(err.to_string(), "no GPU has 80Gi free");
-        assert_eq!(client.release("c1").unwrap(), None);
+        assert_eq!(
+            client.release(&ReleaseKey::Container("c1".into())).unwrap(),
+            None
+        );
         assert_eq!(client.status().unwrap(), NodeStatus::default());
         handle.join().unwrap();
     }
@@ -406,28 +437,35 @@ mod tests {
         let annotations = BTreeMap::from([("gpuplex.io/gpus".to_string(), "1".to_string())]);
         let cgroup = Target::Cgroup("/sys/fs/cgroup/x".into());
         assert_eq!(
-            register_request("c1", &cgroup, &annotations),
+            register_request("c1", &cgroup, &annotations, false),
             json!({"op": "register", "annotations": {"gpuplex.io/gpus": "1"},
                    "container": "c1", "cgroup": "/sys/fs/cgroup/x"})
         );
+        let by_pid = register_request("c1", &Target::Pid(42), &annotations, true);
         assert_eq!(
-            register_request("c1", &Target::Pid(42), &annotations)["pid"],
-            json!(42)
+            (&by_pid["pid"], &by_pid["unstarted"]),
+            (&json!(42), &json!(true))
         );
         assert_eq!(
-            release_request("vgpu-3"),
+            release_request(&ReleaseKey::Vgpu(gpuplex_scheduler::VgpuId(3))),
             json!({"op": "release", "vgpu": "vgpu-3"})
         );
+        // A container whose id reads like a vGPU id is still a container.
         assert_eq!(
-            release_request("vgpu-x"),
-            json!({"op": "release", "container": "vgpu-x"})
+            release_request(&ReleaseKey::Container("vgpu-3".into())),
+            json!({"op": "release", "container": "vgpu-3"})
+        );
+        let handle = Handle::from_bytes([7; 16]);
+        assert_eq!(
+            release_request(&ReleaseKey::Handle(handle)),
+            json!({"op": "release", "handle": handle.to_string()})
         );
         assert_eq!(
-            hold_request("vgpu-3", true),
+            hold_request(&ReleaseKey::Vgpu(gpuplex_scheduler::VgpuId(3)), true),
             json!({"op": "hold", "vgpu": "vgpu-3"})
         );
         assert_eq!(
-            hold_request("c1", false),
+            hold_request(&ReleaseKey::Container("c1".into()), false),
             json!({"op": "unhold", "container": "c1"})
         );
     }
@@ -439,12 +477,17 @@ mod tests {
             "{\"ok\":false,\"error\":\"container c9 is not attached to a vGPU on this node\"}\n",
         ]);
         let mut client = NodeClient::connect(&path).unwrap();
-        let held = client.hold("c1", true).unwrap().unwrap();
+        let held = client
+            .hold(&ReleaseKey::Container("c1".into()), true)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (held.id.as_str(), held.container.as_deref()),
             ("vgpu-3", Some("c1"))
         );
-        let err = client.hold("c9", false).unwrap_err();
+        let err = client
+            .hold(&ReleaseKey::Container("c9".into()), false)
+            .unwrap_err();
         assert!(matches!(err, ClientError::Refused(_)), "{err:?}");
         handle.join().unwrap();
     }

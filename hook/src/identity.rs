@@ -4,12 +4,18 @@
 //! for plain runc/crun, the hook inside the container's mount namespace) binds it read-only into
 //! the container. A bind mount holds the file's inode, so the file is rewritten in place (when
 //! the container id becomes known at `createRuntime`), never replaced by a rename.
+//!
+//! A file is named only by a [`VgpuId`] the node service gave (`vgpu-<n>.json`), never by a
+//! string a container brought, and no symlink is followed: nothing here can write or remove a
+//! file outside the directory. The file of a new vGPU is created, never found: since ids never
+//! repeat, a file already there is not this vGPU's, and is not overwritten.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::protocol::VgpuReply;
 use gpuplex_scheduler::request::Priority;
+use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
 
 /// A container's vGPU, as the container sees it.
@@ -74,23 +80,49 @@ pub fn identity_dir(socket: &Path) -> PathBuf {
 }
 
 /// The identity file of a vGPU.
-pub fn identity_file(dir: &Path, vgpu: &str) -> PathBuf {
+pub fn identity_file(dir: &Path, vgpu: VgpuId) -> PathBuf {
     dir.join(format!("{vgpu}.json"))
 }
 
-/// Writes (or rewrites in place) a vGPU's identity file, mode 0644; returns its path.
+/// Creates the identity file of a vGPU just reserved, mode 0644; returns its path. Refused
+/// when a file of that name exists.
+pub fn create(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
+    put(dir, identity, true)
+}
+
+/// Rewrites a vGPU's identity file in place (creating it if it is gone); returns its path.
 pub fn write(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
+    put(dir, identity, false)
+}
+
+fn put(dir: &Path, identity: &Identity, new: bool) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::OpenOptionsExt;
+    let vgpu: VgpuId = identity
+        .vgpu
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     std::fs::create_dir_all(dir)?;
-    let path = identity_file(dir, &identity.vgpu);
+    let path = identity_file(dir, vgpu);
     let mut bytes = serde_json::to_vec_pretty(identity).expect("an identity always serializes");
     bytes.push(b'\n');
-    let mut file = std::fs::OpenOptions::new()
+    let mut options = std::fs::OpenOptions::new();
+    options
         .write(true)
-        .create(true)
-        .truncate(true)
         .mode(0o644)
-        .open(&path)?;
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
+    if new {
+        options.create_new(true);
+    } else {
+        options.create(true);
+    }
+    let mut file = options.open(&path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    file.set_len(0)?;
     // Not flushed to disk: it lives under /run (memory), and a crash before the container
     // starts leaves a container that never ran.
     file.write_all(&bytes)?;
@@ -104,7 +136,7 @@ pub fn read(path: &Path) -> std::io::Result<Identity> {
 }
 
 /// Removes a vGPU's identity file; an absent one is not an error.
-pub fn remove(dir: &Path, vgpu: &str) -> std::io::Result<()> {
+pub fn remove(dir: &Path, vgpu: VgpuId) -> std::io::Result<()> {
     match std::fs::remove_file(identity_file(dir, vgpu)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -119,6 +151,7 @@ mod tests {
     fn reply() -> VgpuReply {
         VgpuReply {
             id: "vgpu-3".into(),
+            handle: None,
             container: None,
             gpus: vec![AssignedGpu {
                 index: 1,
@@ -150,8 +183,28 @@ mod tests {
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(json["gpus"][0]["uuid"], "GPU-fake-1");
         assert_eq!(json["priority"], "high");
-        remove(&identity_dir, "vgpu-3").unwrap();
-        remove(&identity_dir, "vgpu-3").unwrap();
+        remove(&identity_dir, VgpuId(3)).unwrap();
+        remove(&identity_dir, VgpuId(3)).unwrap();
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_new_identity_never_overwrites_a_file_and_no_link_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Identity::of(&reply(), "node-a");
+        let path = create(dir.path(), &identity).unwrap();
+        let err = create(dir.path(), &identity).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        std::fs::remove_file(&path).unwrap();
+        let target = dir.path().join("elsewhere.json");
+        std::fs::write(&target, "keep").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(create(dir.path(), &identity).is_err());
+        assert!(write(dir.path(), &identity).is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        // Only a vGPU id names a file.
+        let mut bad = identity.clone();
+        bad.vgpu = "../../../../tmp/x".into();
+        assert!(write(dir.path(), &bad).is_err());
     }
 }

@@ -9,7 +9,7 @@
 //! | `linux.resources.devices` | one `{"allow":true,"type":"c","major","minor","access":"rwm"}` per device, appended unless an identical rule is there |
 //! | `process.env` | `CUDA_VISIBLE_DEVICES=<uuids joined by ,>`, replacing an existing one in place |
 //! | `mounts` | a read-only bind of the identity file at [`IDENTITY_PATH`], last (an older mount there is removed) |
-//! | `annotations` | [`VGPU_ID_ANNOTATION`] = the vGPU id |
+//! | `annotations` | [`VGPU_ID_ANNOTATION`] = the vGPU id; [`VGPU_HANDLE_ANNOTATION`] = the reservation's handle when the `createRuntime` hook attaches the container (podman), else none |
 //! | `hooks.createRuntime`, `hooks.poststop` | the gpuplex hook with the stage name as its last argument, appended unless the stage already runs a program of the same file name with that last argument (podman puts `hooks.d`'s createRuntime entry there before precreate) |
 //!
 //! Objects and arrays that are absent (or `null`) are created. Everything else is left as it
@@ -50,6 +50,8 @@ pub const IDENTITY_PATH: &str = "/run/gpuplex/vgpu.json";
 pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// The annotation that carries the container's vGPU id.
 pub const VGPU_ID_ANNOTATION: &str = gpuplex_scheduler::request::VGPU_ID;
+/// The annotation that carries the reservation's handle to the `createRuntime` hook.
+pub const VGPU_HANDLE_ANNOTATION: &str = gpuplex_scheduler::request::VGPU_HANDLE;
 /// The OCI hook stage at which the hook attaches the container to its assignment.
 pub const CREATE_RUNTIME: &str = "createRuntime";
 /// The OCI hook stage at which the hook releases the container's assignment.
@@ -77,6 +79,9 @@ pub struct HookCommand {
 pub struct Injection {
     /// The vGPU id, such as `vgpu-3`.
     pub vgpu: String,
+    /// The reservation's handle, written as [`VGPU_HANDLE_ANNOTATION`] for the `createRuntime`
+    /// hook to attach with; none when the caller attaches the container itself (the shim).
+    pub handle: Option<gpuplex_scheduler::Handle>,
     /// The assigned GPUs' UUIDs, in order: `CUDA_VISIBLE_DEVICES=uuid1,uuid2`.
     pub uuids: Vec<String>,
     /// The assigned GPUs' nodes, then the control nodes ([`control_nodes`]).

@@ -5,19 +5,25 @@
 //!   reserved and the spec edited ([`crate::spec`]), and the edit adds this hook at
 //!   `createRuntime` and `poststop`.
 //! - `createRuntime` / `prestart` (OCI hooks; the OCI state on stdin): a container whose spec
-//!   carries `gpuplex.io/vgpu-id` attaches its init process to that reservation; one with
-//!   `gpuplex.io/` annotations but no vGPU id (a runc/crun user who listed the hook by hand) is
-//!   registered and injected here ([`crate::inject`]); any other container is left alone.
-//! - `poststop`: the vGPU is released.
+//!   carries `gpuplex.io/vgpu-handle` (written by precreate) attaches its init process to that
+//!   reservation; one with `gpuplex.io/` annotations but neither (a runc/crun user who listed
+//!   the hook by hand) is registered and injected here ([`crate::inject`]); any other container
+//!   is left alone.
+//! - `poststop`: the vGPU is released (by its handle when the spec has one, else by container).
 //!
-//! Every failure is one [`HookError`] line, and undoes what the stage did: no reservation, no
-//! device node, no device rule, no identity file is left behind.
+//! Every failure is one [`HookError`] line, and undoes what the stage did, and only that: a
+//! reservation is released by the handle the stage's own request returned, and an identity
+//! file removed only for a vGPU the service says it released. A container's annotations never
+//! name a vGPU or a file: `gpuplex.io/vgpu-id` and `gpuplex.io/vgpu-handle` are gpuplex's, and a
+//! container that brings its own is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use gpuplex_scheduler::node::{ReleaseKey, Target};
 use gpuplex_scheduler::protocol::VgpuReply;
-use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_ID};
+use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_HANDLE, VGPU_ID};
+use gpuplex_scheduler::{Handle, VgpuId};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -183,6 +189,25 @@ pub fn precreate_for_podman(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, 
 
 /// podman's `precreate`: the config to run, from the proposed one.
 pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> {
+    Ok(prepare(ctx, input)?.map_or_else(|| input.to_vec(), |p| p.config))
+}
+
+/// A vGPU reserved for a container that does not exist yet, and its config edited for it.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The config to run.
+    pub config: Vec<u8>,
+    /// The vGPU.
+    pub vgpu: VgpuId,
+    /// The reservation's handle: what attaches the container, and what releases the vGPU on its
+    /// behalf.
+    pub handle: Handle,
+}
+
+/// precreate's work (podman's hook and the containerd shim's `Create`): for a config with a
+/// `gpuplex.io/` annotation, reserves a vGPU, writes its identity and edits the config; `None`
+/// for any other config. On failure nothing stays reserved or written.
+pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, HookError> {
     const STAGE: &str = "precreate";
     let fail = |message: String| HookError {
         stage: STAGE,
@@ -194,9 +219,8 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
         ))
     })?;
     let annotations = spec::gpuplex_annotations(&config);
-    if annotations.is_empty() || annotations.contains_key(VGPU_ID) {
-        // Not ours, or edited already: pass it through untouched.
-        return Ok(input.to_vec());
+    if annotations.is_empty() {
+        return Ok(None);
     }
     // Before anything is reserved: a container that NVIDIA's runtime would give GPUs too.
     if let Some(line) = cdi::nvidia_runtime_conflict(&config, &ctx.cdi.kind) {
@@ -207,29 +231,67 @@ pub fn precreate(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, HookError> 
     annotations.extend(pod_annotations(
         config.get("annotations").and_then(Value::as_object),
     ));
-    let reply = client
-        .request(&json!({"op": "reserve", "annotations": annotations}))
+    // The service refuses `gpuplex.io/vgpu-id` and `gpuplex.io/vgpu-handle` among them: a
+    // container cannot bring another's.
+    let vgpu = client
+        .reserve(&annotations)
         .map_err(|e| service_error(STAGE, e))?;
-    let vgpu = reply
-        .vgpu
-        .ok_or_else(|| fail("the node service replied without a vGPU".into()))?;
-    let undo = |client: &mut NodeClient| {
-        let _ = client.release(&vgpu.id);
-        let _ = identity::remove(&ctx.identity_dir, &vgpu.id);
+    let (id, handle) = match reserved(&vgpu) {
+        Ok(reserved) => reserved,
+        Err(message) => {
+            if let Ok(id) = vgpu.id.parse::<VgpuId>() {
+                let _ = client.release(&ReleaseKey::Vgpu(id));
+            }
+            return Err(fail(message));
+        }
     };
-    let edited = identity::write(&ctx.identity_dir, &Identity::of(&vgpu, &ctx.node))
-        .map_err(|e| {
-            fail(format!(
+    let undo = |client: &mut NodeClient, identity_written: bool| {
+        let _ = client.release(&ReleaseKey::Handle(handle));
+        if identity_written {
+            let _ = identity::remove(&ctx.identity_dir, id);
+        }
+    };
+    let file = match identity::create(&ctx.identity_dir, &Identity::of(&vgpu, &ctx.node)) {
+        Ok(file) => file,
+        Err(e) => {
+            undo(&mut client, false);
+            return Err(fail(format!(
                 "cannot write the vGPU identity in {}: {e}",
                 ctx.identity_dir.display()
-            ))
-        })
-        .and_then(|file| injection(ctx, &vgpu, file).map_err(fail))
-        .and_then(|inj| edit_with_cdi(&config, &inj, &vgpu).map_err(fail));
-    if edited.is_err() {
-        undo(&mut client);
+            )));
+        }
+    };
+    // The handle goes into the spec only for a hook that attaches with it; the shim keeps it.
+    let handle_in_spec = ctx.hook.as_ref().map(|_| handle);
+    let edited = injection(ctx, &vgpu, file, handle_in_spec)
+        .and_then(|inj| edit_with_cdi(&config, &inj, &vgpu))
+        .map_err(fail);
+    match edited {
+        Ok(config) => Ok(Some(Prepared {
+            config,
+            vgpu: id,
+            handle,
+        })),
+        Err(e) => {
+            undo(&mut client, true);
+            Err(e)
+        }
     }
-    edited
+}
+
+/// The id and handle of a vGPU the service just reserved.
+fn reserved(vgpu: &VgpuReply) -> Result<(VgpuId, Handle), String> {
+    let id = vgpu.id.parse::<VgpuId>().map_err(|e| {
+        format!("the node service named its vGPU oddly ({e}); is it of another gpuplex version?")
+    })?;
+    let handle = vgpu
+        .handle
+        .as_deref()
+        .and_then(|h| h.parse::<Handle>().ok())
+        .ok_or_else(|| {
+            "the node service replied without a handle for the reservation; is it older than this hook?".to_string()
+        })?;
+    Ok((id, handle))
 }
 
 /// The config to run: the CDI spec's edits for the vGPU's GPUs (the node service sends them
@@ -265,6 +327,7 @@ fn injection(
     ctx: &HookContext,
     vgpu: &VgpuReply,
     identity_file: PathBuf,
+    handle: Option<Handle>,
 ) -> Result<Injection, String> {
     let mut devices = Vec::new();
     for gpu in &vgpu.gpus {
@@ -284,6 +347,7 @@ fn injection(
     devices.extend(spec::control_nodes());
     Ok(Injection {
         vgpu: vgpu.id.clone(),
+        handle,
         uuids: vgpu.gpus.iter().map(|g| g.uuid.clone()).collect(),
         devices,
         identity_file,
@@ -311,24 +375,61 @@ pub fn create_runtime(
             state.id
         ))
     })?;
-    let mut client = ctx.client(stage)?;
-    if let Some(vgpu) = annotations.remove(VGPU_ID) {
-        let reply = client
-            .request(&json!({"op": "attach", "vgpu": vgpu, "container": state.id, "pid": pid}));
-        return match reply {
-            Ok(reply) => {
-                if let Some(v) = reply.vgpu {
-                    let _ = identity::write(&ctx.identity_dir, &Identity::of(&v, &ctx.node));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let _ = client.release(&vgpu);
-                let _ = identity::remove(&ctx.identity_dir, &vgpu);
-                Err(service_error(stage, e))
-            }
-        };
+    let handle = annotations.remove(VGPU_HANDLE);
+    let vgpu_id = annotations.remove(VGPU_ID);
+    match (handle, vgpu_id) {
+        (Some(handle), _) => {
+            let handle = handle.parse::<Handle>().map_err(|_| {
+                fail(format!(
+                    "{VGPU_HANDLE} is not one gpuplex wrote: it is gpuplex's annotation (podman's precreate hook writes it); remove it from config.json"
+                ))
+            })?;
+            attach(ctx, stage, &handle, &state.id, pid)
+        }
+        (None, Some(_)) => Err(fail(format!(
+            "{VGPU_ID} is gpuplex's annotation, and gpuplex writes it only with {VGPU_HANDLE}; remove it from config.json and ask for a vGPU with gpuplex.io/gpu-memory and the like"
+        ))),
+        (None, None) => register(ctx, stage, &state, &bundle, annotations, pid),
     }
+}
+
+/// Attaches the container to the reservation precreate made; on failure releases that
+/// reservation (its handle is the container's) and nothing else.
+fn attach(
+    ctx: &HookContext,
+    stage: &'static str,
+    handle: &Handle,
+    container: &str,
+    pid: u32,
+) -> Result<(), HookError> {
+    let mut client = ctx.client(stage)?;
+    match client.attach(handle, container, pid, true) {
+        Ok(vgpu) => {
+            // The identity now names its container.
+            let _ = identity::write(&ctx.identity_dir, &Identity::of(&vgpu, &ctx.node));
+            Ok(())
+        }
+        Err(e) => {
+            if let Ok(Some(released)) = client.release(&ReleaseKey::Handle(*handle)) {
+                if let Ok(id) = released.id.parse::<VgpuId>() {
+                    let _ = identity::remove(&ctx.identity_dir, id);
+                }
+            }
+            Err(service_error(stage, e))
+        }
+    }
+}
+
+/// A runc/crun container that listed the hook itself: registered and injected from outside.
+fn register(
+    ctx: &HookContext,
+    stage: &'static str,
+    state: &OciState,
+    bundle: &BundleConfig,
+    mut annotations: BTreeMap<String, String>,
+    pid: u32,
+) -> Result<(), HookError> {
+    let fail = |message: String| HookError { stage, message };
     let pod_keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
     let all = bundle.annotations();
     for key in pod_keys {
@@ -336,16 +437,20 @@ pub fn create_runtime(
             annotations.insert(key.to_string(), value.clone());
         }
     }
-    let reply = client
-        .request(&json!({"op": "register", "annotations": annotations, "container": state.id, "pid": pid}))
+    let mut client = ctx.client(stage)?;
+    let vgpu = client
+        .register(&state.id, &Target::Pid(pid), &annotations, true)
         .map_err(|e| service_error(stage, e))?;
-    let vgpu = reply
-        .vgpu
-        .ok_or_else(|| fail("the node service replied without a vGPU".into()))?;
+    // A handle comes back only when this call reserved the vGPU (a hook that runs at prestart
+    // and createRuntime registers twice): only then is it this call's to undo.
+    let ours = vgpu
+        .handle
+        .as_deref()
+        .and_then(|h| h.parse::<Handle>().ok());
     // The runc/crun path makes device nodes inside a container that exists already; a CDI
     // spec's driver libraries, mounts and createContainer hooks cannot be added then.
     let injected = match cdi_edits(&vgpu) {
-        Ok(None) => inject_registered(ctx, &vgpu, pid, &bundle),
+        Ok(None) => inject_registered(ctx, &vgpu, pid, bundle),
         Ok(Some(edits)) => Err(format!(
             "this host's GPUs have a CDI spec ({}) whose driver libraries and hooks cannot be added to a container runc has already made; run it with podman (config/hooks.d) or containerd (runtime io.containerd.gpuplex.v1), which apply it",
             edits.spec_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
@@ -353,8 +458,12 @@ pub fn create_runtime(
         Err(e) => Err(e),
     };
     if let Err(message) = injected {
-        let _ = client.release(&state.id);
-        let _ = identity::remove(&ctx.identity_dir, &vgpu.id);
+        if let Some(handle) = ours {
+            let _ = client.release(&ReleaseKey::Handle(handle));
+            if let Ok(id) = vgpu.id.parse::<VgpuId>() {
+                let _ = identity::remove(&ctx.identity_dir, id);
+            }
+        }
         return Err(fail(message));
     }
     Ok(())
@@ -373,7 +482,7 @@ fn inject_registered(
             ctx.identity_dir.display()
         )
     })?;
-    let injection = injection(ctx, vgpu, file.clone())?;
+    let injection = injection(ctx, vgpu, file.clone(), None)?;
     let rootfs = &bundle.rootfs;
     let created =
         inject::create_device_nodes(pid, rootfs, &injection.devices).map_err(|e| e.to_string())?;
@@ -392,19 +501,28 @@ fn inject_registered(
     Ok(())
 }
 
-/// `poststop`: release the container's vGPU.
+/// `poststop`: release the container's vGPU: by the handle its spec carries (podman), else by
+/// its container id (a runc/crun container that registered itself).
 pub fn poststop(ctx: &HookContext, input: &[u8]) -> Result<(), HookError> {
     const STAGE: &str = "poststop";
     let state = OciState::parse(input).map_err(|e| HookError {
         stage: STAGE,
         message: e.to_string(),
     })?;
+    let in_bundle = state.config().map(|b| b.annotations()).unwrap_or_default();
+    let handle = state
+        .annotations
+        .get(VGPU_HANDLE)
+        .or_else(|| in_bundle.get(VGPU_HANDLE))
+        .and_then(|h| h.parse::<Handle>().ok());
+    let key = match handle {
+        Some(handle) => ReleaseKey::Handle(handle),
+        None => ReleaseKey::Container(state.id.clone()),
+    };
     let mut client = ctx.client(STAGE)?;
-    let released = client
-        .release(&state.id)
-        .map_err(|e| service_error(STAGE, e))?;
-    if let Some(v) = released {
-        let _ = identity::remove(&ctx.identity_dir, &v.id);
+    let released = client.release(&key).map_err(|e| service_error(STAGE, e))?;
+    if let Some(id) = released.and_then(|v| v.id.parse::<VgpuId>().ok()) {
+        let _ = identity::remove(&ctx.identity_dir, id);
     }
     Ok(())
 }

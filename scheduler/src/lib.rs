@@ -76,7 +76,8 @@ pub use time::Instant;
 /// The identity of one vGPU: what is assigned GPUs, bound to a container and scheduled.
 ///
 /// Written `vgpu-<n>` (the `gpuplex.io/vgpu-id` annotation); the node service allocates the
-/// numbers.
+/// numbers, and never the same one twice on a node (see [`node::Node::start_ids_at`]). An id
+/// names a vGPU; it grants nothing (see [`Handle`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VgpuId(pub u64);
 
@@ -99,6 +100,62 @@ impl FromStr for VgpuId {
             .and_then(|n| n.parse().ok())
             .map(VgpuId)
             .ok_or_else(|| VgpuIdError(s.to_string()))
+    }
+}
+
+/// The capability that carries a reservation from `reserve` to `attach`: 128 random bits,
+/// written as 32 lowercase hexadecimal digits (the `gpuplex.io/vgpu-handle` annotation).
+///
+/// A vGPU id names a vGPU (in logs, status, the container's identity); only a handle attaches
+/// a container to a reservation or releases it on the container's behalf, so that nothing a
+/// container owner can write (another container's id, a guess) reaches a vGPU that is not
+/// theirs. The node service draws handles from the kernel's random source; this crate, which
+/// has none, only carries them.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Handle([u8; 16]);
+
+impl Handle {
+    /// The handle made of these (random) bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> Handle {
+        Handle(bytes)
+    }
+}
+
+impl fmt::Display for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Never shows the secret: a handle in a debug print or a log line would hand it out.
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Handle(..)")
+    }
+}
+
+/// A string that is not a handle.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a vGPU handle: expected 32 lowercase hexadecimal digits, as gpuplex writes them")]
+pub struct HandleError;
+
+impl FromStr for Handle {
+    type Err = HandleError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let digits = s.as_bytes();
+        if digits.len() != 32
+            || !digits
+                .iter()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(HandleError);
+        }
+        let mut bytes = [0u8; 16];
+        for (byte, pair) in bytes.iter_mut().zip(digits.chunks(2)) {
+            let pair = std::str::from_utf8(pair).map_err(|_| HandleError)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| HandleError)?;
+        }
+        Ok(Handle(bytes))
     }
 }
 
@@ -131,6 +188,26 @@ mod tests {
             "vgpu-99999999999999999999",
         ] {
             assert!(bad.parse::<VgpuId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_handle_round_trips_and_never_shows_in_debug() {
+        let handle = Handle::from_bytes([0xab; 16]);
+        let text = handle.to_string();
+        assert_eq!(text, "ab".repeat(16));
+        assert_eq!(text.parse(), Ok(handle));
+        assert_eq!(format!("{handle:?}"), "Handle(..)");
+        for bad in [
+            "",
+            "vgpu-1",
+            &"AB".repeat(16),
+            &"ab".repeat(15),
+            &"ab".repeat(17),
+            &format!("{}g", "a".repeat(31)),
+            &format!("../{}", "a".repeat(29)),
+        ] {
+            assert_eq!(bad.parse::<Handle>(), Err(HandleError), "{bad}");
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::config::SchedulerConfig;
 use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
 use crate::request::{RequestError, VgpuRequest};
 use crate::windows::{Action, BindError, Binding, Decision, WindowScheduler};
-use crate::{GpuIndex, Instant, VgpuId};
+use crate::{GpuIndex, Handle, Instant, VgpuId};
 
 /// What a vGPU is attached to: a container and where its processes are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -51,6 +51,8 @@ pub enum Target {
 pub struct VgpuRecord {
     /// Its id.
     pub id: VgpuId,
+    /// The capability its container attaches with (see [`Handle`]).
+    pub handle: Handle,
     /// The `gpuplex.io/` annotations it was asked with, as given, and those naming its pod
     /// ([`crate::request::POD_NAME_KEYS`], [`crate::request::POD_NAMESPACE_KEYS`]).
     pub annotations: BTreeMap<String, String>,
@@ -67,10 +69,12 @@ pub struct VgpuRecord {
 /// Which vGPU to release (or hold).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseKey {
-    /// By vGPU id.
+    /// By vGPU id (the operator's `gpuplexctl release`, the service itself).
     Vgpu(VgpuId),
     /// By the id of the container attached to it.
     Container(String),
+    /// By the handle it was reserved with (what a hook or the shim undoes).
+    Handle(Handle),
 }
 
 /// A released vGPU.
@@ -112,6 +116,17 @@ pub enum NodeError {
     /// No such vGPU (never reserved, released, or lapsed).
     #[error("{0} is not reserved on this node (it was released, or its reservation lapsed)")]
     UnknownVgpu(VgpuId),
+    /// No reservation has this handle.
+    #[error("no reservation on this node has this handle (it was released, its reservation lapsed, or the handle was not gpuplex's)")]
+    UnknownHandle,
+    /// Every vGPU number has been given out (only a restored record with the largest number
+    /// gets the node here).
+    #[error("no vGPU id is left to give on this node (the highest was given); restart the node service with an empty state_dir")]
+    IdsExhausted,
+    /// A new reservation's handle is one the node has already (the caller's random source
+    /// repeated itself).
+    #[error("the handle given for a new reservation is in use already; nothing was reserved")]
+    HandleInUse,
     /// No vGPU is attached to this container.
     #[error("container {0} is not attached to a vGPU on this node (it was never attached, or it was released)")]
     UnknownContainer(String),
@@ -128,7 +143,8 @@ pub enum NodeError {
         /// The container that asked.
         container: String,
     },
-    /// The container is attached to another vGPU.
+    /// The container is attached to another vGPU (or, for `register`, to this one from another
+    /// cgroup).
     #[error("container {container} is already attached to {attached}")]
     ContainerAttached {
         /// The container.
@@ -159,6 +175,7 @@ pub struct Node {
     windows: WindowScheduler,
     records: BTreeMap<VgpuId, VgpuRecord>,
     by_container: HashMap<String, VgpuId>,
+    by_handle: HashMap<Handle, VgpuId>,
     /// Reservations no container is attached to yet, by when they were made.
     pending: BTreeSet<(Instant, VgpuId)>,
     /// Attached vGPUs that no sample has reached yet: arrivals about to start work.
@@ -177,6 +194,7 @@ impl Node {
             inventory,
             records: BTreeMap::new(),
             by_container: HashMap::new(),
+            by_handle: HashMap::new(),
             pending: BTreeSet::new(),
             unsampled: HashSet::new(),
             next_id: 1,
@@ -213,12 +231,36 @@ impl Node {
         self.by_container.get(container).copied()
     }
 
-    /// Reserves a vGPU for a container that does not exist yet.
+    /// The vGPU reserved with a handle.
+    pub fn vgpu_with(&self, handle: &Handle) -> Option<VgpuId> {
+        self.by_handle.get(handle).copied()
+    }
+
+    /// Numbers the vGPUs reserved from now on from `first` up, unless higher numbers were given
+    /// out already. The node service starts ids above every id it gave out before (it saves the
+    /// next one) and above a clock reading, so that an id is never given twice on a node, even
+    /// after its state was lost: a container that still runs with a vGPU's identity never sees
+    /// that id named on another container.
+    pub fn start_ids_at(&mut self, first: u64) {
+        self.next_id = self.next_id.max(first);
+    }
+
+    /// The number the next vGPU will get.
+    pub fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Reserves a vGPU for a container that does not exist yet; its container attaches with
+    /// `handle` (fresh and random: the caller's).
     pub fn reserve<'a>(
         &mut self,
         annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        handle: Handle,
         now: Instant,
     ) -> Result<&VgpuRecord, NodeError> {
+        if self.by_handle.contains_key(&handle) {
+            return Err(NodeError::HandleInUse);
+        }
         let annotations: BTreeMap<String, String> = annotations
             .into_iter()
             .filter(|(k, _)| k.starts_with(crate::request::PREFIX) || is_pod_key(k))
@@ -229,6 +271,7 @@ impl Node {
         )?
         .ok_or(NodeError::NoRequest)?;
         let id = VgpuId(self.next_id);
+        let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         // A GPU counts as having work when a vGPU there has work, or when an arrival there is
         // about to start (a reservation waiting for its container, or a container no sample has
         // reached yet), so that arrivals close together get different idle GPUs where there are
@@ -247,10 +290,12 @@ impl Node {
         let assignment = self
             .inventory
             .assign(id, &request, self.config.policy, has_work)?;
-        self.next_id += 1;
+        self.next_id = next_id;
         self.pending.insert((now, id));
+        self.by_handle.insert(handle, id);
         let record = VgpuRecord {
             id,
+            handle,
             annotations,
             request,
             assignment,
@@ -260,9 +305,19 @@ impl Node {
         Ok(self.records.entry(id).or_insert(record))
     }
 
-    /// Attaches a container to its reservation and starts scheduling it. Attaching the same
-    /// container again returns the same record.
+    /// Attaches a container to the reservation made with `handle` and starts scheduling it.
+    /// Attaching the same container again returns the same record.
     pub fn attach(
+        &mut self,
+        handle: &Handle,
+        attachment: Attachment,
+        now: Instant,
+    ) -> Result<&VgpuRecord, NodeError> {
+        let vgpu = self.vgpu_with(handle).ok_or(NodeError::UnknownHandle)?;
+        self.attach_vgpu(vgpu, attachment, now)
+    }
+
+    fn attach_vgpu(
         &mut self,
         vgpu: VgpuId,
         attachment: Attachment,
@@ -309,20 +364,30 @@ impl Node {
         Ok(record)
     }
 
-    /// Reserves and attaches at once. A container that is already attached gets its vGPU
-    /// again; on any error nothing is left reserved.
+    /// Reserves and attaches at once (`handle` as for [`Node::reserve`]). A container that is
+    /// already attached, with the same target, gets its vGPU again (a hook that runs twice);
+    /// the same container id with another target is refused, so that a container cannot get
+    /// another's vGPU by taking its id. On any error nothing is left reserved.
     pub fn register<'a>(
         &mut self,
         annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        handle: Handle,
         attachment: Attachment,
         now: Instant,
     ) -> Result<&VgpuRecord, NodeError> {
         check_container_id(&attachment.container)?;
         if let Some(&vgpu) = self.by_container.get(&attachment.container) {
-            return Ok(&self.records[&vgpu]);
+            let record = &self.records[&vgpu];
+            if record.attachment.as_ref() == Some(&attachment) {
+                return Ok(record);
+            }
+            return Err(NodeError::ContainerAttached {
+                container: attachment.container,
+                attached: vgpu,
+            });
         }
-        let vgpu = self.reserve(annotations, now)?.id;
-        match self.attach(vgpu, attachment, now) {
+        let vgpu = self.reserve(annotations, handle, now)?.id;
+        match self.attach_vgpu(vgpu, attachment, now) {
             Ok(_) => Ok(&self.records[&vgpu]),
             Err(e) => {
                 self.release(&ReleaseKey::Vgpu(vgpu), now);
@@ -336,11 +401,13 @@ impl Node {
         let vgpu = match key {
             ReleaseKey::Vgpu(v) => *v,
             ReleaseKey::Container(c) => *self.by_container.get(c)?,
+            ReleaseKey::Handle(h) => *self.by_handle.get(h)?,
         };
         let record = self.records.remove(&vgpu)?;
         if let Some(a) = &record.attachment {
             self.by_container.remove(&a.container);
         }
+        self.by_handle.remove(&record.handle);
         self.unsampled.remove(&vgpu);
         self.pending.remove(&(record.reserved_at, vgpu));
         let unbound = self.windows.unbind(vgpu, now);
@@ -377,6 +444,7 @@ impl Node {
                 .by_container
                 .get(c)
                 .ok_or_else(|| NodeError::UnknownContainer(c.clone()))?,
+            ReleaseKey::Handle(h) => *self.by_handle.get(h).ok_or(NodeError::UnknownHandle)?,
         };
         let record = self
             .records
@@ -432,6 +500,9 @@ impl Node {
                 gpus: self.records[&vgpu].assignment.gpus.clone(),
             }));
         }
+        if self.by_handle.contains_key(&record.handle) {
+            return Err(NodeError::HandleInUse);
+        }
         if let Some(a) = &record.attachment {
             check_container_id(&a.container)?;
             if let Some(&attached) = self.by_container.get(&a.container) {
@@ -456,7 +527,8 @@ impl Node {
         } else {
             self.pending.insert((record.reserved_at, vgpu));
         }
-        self.next_id = self.next_id.max(vgpu.0 + 1);
+        self.next_id = self.next_id.max(vgpu.0.saturating_add(1));
+        self.by_handle.insert(record.handle, vgpu);
         self.records.insert(vgpu, record);
         Ok(())
     }

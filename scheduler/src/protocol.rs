@@ -3,17 +3,25 @@
 //!
 //! ```text
 //! {"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}
-//! {"op":"attach","vgpu":"vgpu-1","container":"c0ffee","pid":4242}
+//! {"op":"attach","handle":"<32 hex digits>","container":"c0ffee","pid":4242,"unstarted":true}
 //! {"op":"register","annotations":{"gpuplex.io/weight":"2"},"container":"job-7","cgroup":"/sys/fs/cgroup/freezer/jobs/7"}
-//! {"op":"release","container":"c0ffee"}            (or "vgpu":"vgpu-1")
+//! {"op":"release","handle":"<32 hex digits>"}     (or "container":"c0ffee", or "vgpu":"vgpu-1")
 //! {"op":"hold","container":"c0ffee"}               (or "vgpu":"vgpu-1")
 //! {"op":"unhold","container":"c0ffee"}             (or "vgpu":"vgpu-1")
 //! {"op":"status"}
 //! ```
 //!
-//! A `pid` names a container's init between the runtime's `create` and `start` (DESIGN's
-//! `createRuntime`): the node service schedules it from the moment that process runs another
-//! program (the container's), and never freezes it before. A `cgroup` is scheduled at once.
+//! `reserve` (and a `register` that reserves) answers with the new vGPU's `handle`: the only
+//! thing `attach` accepts, and what a hook or the shim releases with when it undoes its own
+//! reservation. A vGPU id names a vGPU and grants nothing; a container never chooses either
+//! (its annotations may not carry them: [`crate::request::SET_BY_GPUPLEX`]). A reply never
+//! carries the handle of a vGPU the request did not reserve.
+//!
+//! A `pid` names a container's init; with `"unstarted":true` (podman's and runc's
+//! `createRuntime` hook, the containerd shim: between the runtime's `create` and `start`) the
+//! node service schedules it from the moment that process runs another program (the
+//! container's), and never freezes it before. Without it (`gpuplexctl register --pid` of a
+//! running process), and for a `cgroup`, it is scheduled from its first sample.
 //!
 //! `hold` says the container's user paused it (`ctr task pause`, `runc pause`): until `unhold`
 //! (its user resumed it) it takes no part in scheduling and is never frozen or thawed by the
@@ -33,7 +41,7 @@ use serde_json::Value;
 
 use crate::node::{Attachment, Node, NodeError, NodeStatus, ReleaseKey, Target, VgpuRecord};
 use crate::request::Priority;
-use crate::{Instant, VgpuId};
+use crate::{Handle, Instant, VgpuId};
 
 /// The longest request line accepted, in bytes (without its newline).
 pub const MAX_LINE: usize = 64 * 1024;
@@ -53,10 +61,12 @@ pub enum Request {
     },
     /// Attach a container to its reservation.
     Attach {
-        /// The reservation.
-        vgpu: VgpuId,
+        /// The reservation's handle.
+        handle: Handle,
         /// The container.
         attachment: Attachment,
+        /// Its init has not started the container's program yet (see the module doc).
+        unstarted: bool,
     },
     /// Reserve and attach at once.
     Register {
@@ -64,6 +74,8 @@ pub enum Request {
         annotations: BTreeMap<String, String>,
         /// The container.
         attachment: Attachment,
+        /// Its init has not started the container's program yet.
+        unstarted: bool,
     },
     /// Release a vGPU.
     Release(ReleaseKey),
@@ -144,6 +156,9 @@ impl Reply {
 pub struct VgpuReply {
     /// Its id (`vgpu-7`).
     pub id: String,
+    /// Its handle ([`Handle`]), only in the reply to the request that reserved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
     /// Its container, once attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
@@ -225,37 +240,51 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
         }
         "attach" => {
             let f = read(rest)?;
-            let vgpu = f
-                .vgpu
+            let handle = f
+                .handle
                 .as_deref()
-                .ok_or_else(|| field("missing field `vgpu`".into()))?;
-            let vgpu = vgpu.parse().map_err(|e| field(format!("vgpu: {e}")))?;
+                .ok_or_else(|| field("missing field `handle`".into()))?;
+            let handle = handle.parse().map_err(|e| field(format!("handle: {e}")))?;
             let attachment = f.attachment().map_err(field)?;
             if f.annotations.is_some() {
                 return Err(field("unknown field `annotations`".into()));
             }
-            Ok(Request::Attach { vgpu, attachment })
+            Ok(Request::Attach {
+                handle,
+                attachment,
+                unstarted: f.unstarted,
+            })
         }
         "register" => {
             let f = read(rest)?;
-            if f.vgpu.is_some() {
-                return Err(field("unknown field `vgpu`: register reserves one".into()));
+            if f.handle.is_some() {
+                return Err(field(
+                    "unknown field `handle`: register reserves one".into(),
+                ));
             }
             let attachment = f.attachment().map_err(field)?;
             Ok(Request::Register {
                 annotations: f.annotations.unwrap_or_default(),
                 attachment,
+                unstarted: f.unstarted,
             })
         }
         "release" | "hold" | "unhold" => {
             let f: ReleaseFields =
                 serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
-            let key = match (f.vgpu, f.container) {
-                (Some(v), None) => {
+            let key = match (f.vgpu, f.container, f.handle) {
+                (Some(v), None, None) => {
                     ReleaseKey::Vgpu(v.parse().map_err(|e| field(format!("vgpu: {e}")))?)
                 }
-                (None, Some(c)) => ReleaseKey::Container(c),
-                _ => return Err(field("give exactly one of `vgpu` and `container`".into())),
+                (None, Some(c), None) => ReleaseKey::Container(c),
+                (None, None, Some(h)) => {
+                    ReleaseKey::Handle(h.parse().map_err(|e| field(format!("handle: {e}")))?)
+                }
+                _ => {
+                    return Err(field(
+                        "give exactly one of `vgpu`, `container` and `handle`".into(),
+                    ))
+                }
             };
             Ok(match op {
                 "release" => Request::Release(key),
@@ -295,7 +324,7 @@ struct ReserveFields {
 #[serde(deny_unknown_fields)]
 struct Fields {
     #[serde(default)]
-    vgpu: Option<String>,
+    handle: Option<String>,
     #[serde(default)]
     annotations: Option<BTreeMap<String, String>>,
     container: String,
@@ -303,6 +332,8 @@ struct Fields {
     pid: Option<u32>,
     #[serde(default)]
     cgroup: Option<String>,
+    #[serde(default)]
+    unstarted: bool,
 }
 
 impl Fields {
@@ -328,6 +359,8 @@ struct ReleaseFields {
     vgpu: Option<String>,
     #[serde(default)]
     container: Option<String>,
+    #[serde(default)]
+    handle: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -335,12 +368,21 @@ struct ReleaseFields {
 struct StatusFields {}
 
 impl Node {
-    /// Carries out one request and says how it went.
-    pub fn handle(&mut self, request: Request, now: Instant) -> Reply {
+    /// Carries out one request and says how it went; a reservation it makes gets `fresh` as
+    /// its handle (the caller's random draw), and only then does the reply carry one.
+    pub fn handle(&mut self, request: Request, fresh: Handle, now: Instant) -> Reply {
+        // Only a request that reserves shows a handle, and only the one it reserved with.
+        let reserving = matches!(request, Request::Reserve { .. } | Request::Register { .. });
         let done = |node: &Node, result: Result<VgpuId, NodeError>| match result {
             Ok(vgpu) => Reply {
                 ok: true,
-                vgpu: node.record(vgpu).map(|r| node.vgpu_reply(r)),
+                vgpu: node.record(vgpu).map(|r| {
+                    let mut reply = node.vgpu_reply(r);
+                    if reserving && r.handle == fresh {
+                        reply.handle = Some(fresh.to_string());
+                    }
+                    reply
+                }),
                 ..Reply::default()
             },
             Err(e) => Reply::error(e),
@@ -350,21 +392,25 @@ impl Node {
                 let result = self
                     .reserve(
                         annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                        fresh,
                         now,
                     )
                     .map(|r| r.id);
                 done(self, result)
             }
-            Request::Attach { vgpu, attachment } => {
-                let result = self.attach(vgpu, attachment, now).map(|r| r.id);
+            Request::Attach {
+                handle, attachment, ..
+            } => {
+                let result = self.attach(&handle, attachment, now).map(|r| r.id);
                 done(self, result)
             }
             Request::Register {
                 annotations,
                 attachment,
+                ..
             } => {
                 let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                let result = self.register(pairs, attachment, now).map(|r| r.id);
+                let result = self.register(pairs, fresh, attachment, now).map(|r| r.id);
                 done(self, result)
             }
             Request::Release(key) => {
@@ -407,6 +453,7 @@ impl Node {
             .collect();
         VgpuReply {
             id: record.id.to_string(),
+            handle: None,
             container: record.attachment.as_ref().map(|a| a.container.clone()),
             gpus,
             weight: record.request.weight,

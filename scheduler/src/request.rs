@@ -33,9 +33,15 @@ pub const GPU_MODEL: &str = "gpuplex.io/gpu-model";
 pub const WEIGHT: &str = "gpuplex.io/weight";
 /// Priority class: `high`, `normal` or `low`.
 pub const PRIORITY: &str = "gpuplex.io/priority";
-/// The vGPU id gpuplex writes on a container's spec. Not part of the request, and skipped
-/// when parsing one, but a container that has it asks for a vGPU.
+/// The vGPU id gpuplex writes on a container's spec. Not part of a request: a container that
+/// sets it itself is refused ([`RequestErrorReason::SetByGpuplex`]).
 pub const VGPU_ID: &str = "gpuplex.io/vgpu-id";
+/// The handle of the reservation gpuplex writes on a container's spec (podman's precreate),
+/// which its `createRuntime` hook attaches with ([`crate::Handle`]). Refused in a request, as
+/// [`VGPU_ID`] is.
+pub const VGPU_HANDLE: &str = "gpuplex.io/vgpu-handle";
+/// The annotations gpuplex writes and a container may not.
+pub const SET_BY_GPUPLEX: [&str; 2] = [VGPU_ID, VGPU_HANDLE];
 /// The keys a user writes to ask for a vGPU, in the order they are documented.
 pub const REQUEST_KEYS: [&str; 5] = [GPUS, GPU_MEMORY, GPU_MODEL, WEIGHT, PRIORITY];
 /// Annotations that name a container's Kubernetes pod (containerd's CRI plugin writes the
@@ -223,7 +229,7 @@ impl VgpuRequest {
                     request.priority =
                         priority(value).ok_or_else(|| invalid(RequestErrorReason::Priority))?;
                 }
-                VGPU_ID => {}
+                VGPU_ID | VGPU_HANDLE => return Err(invalid(RequestErrorReason::SetByGpuplex)),
                 _ => {
                     let suggestion = suggest(key);
                     return Err(invalid(RequestErrorReason::UnknownAnnotation {
@@ -272,6 +278,9 @@ pub enum RequestErrorReason {
     Weight,
     /// `gpuplex.io/priority` is not `high`, `normal` or `low`.
     Priority,
+    /// One of [`SET_BY_GPUPLEX`]: gpuplex writes it when it gives a container its vGPU; a
+    /// container that brings its own would name another container's vGPU.
+    SetByGpuplex,
 }
 
 impl fmt::Display for RequestErrorReason {
@@ -301,6 +310,11 @@ impl fmt::Display for RequestErrorReason {
             RequestErrorReason::Priority => {
                 write!(f, "is invalid: expected `high`, `normal` or `low`")
             }
+            RequestErrorReason::SetByGpuplex => write!(
+                f,
+                "is gpuplex's to write, not a container's: remove it and ask with {}",
+                REQUEST_KEYS.join(", ")
+            ),
         }
     }
 }
@@ -429,7 +443,6 @@ mod tests {
     fn accepted_annotations_give_the_exact_request() {
         const GI: u64 = 1 << 30;
         let cases: Vec<(&[(&str, &str)], VgpuRequest)> = vec![
-            (&[(VGPU_ID, "vgpu-7")], VgpuRequest::default()),
             (&[(GPUS, "1"), ("other", "x")], VgpuRequest::default()),
             (&[(GPUS, "2")], request(|r| r.gpus = 2)),
             (&[(GPUS, " 4\n")], request(|r| r.gpus = 4)),
@@ -491,7 +504,6 @@ mod tests {
                     (GPU_MODEL, "H100|A100"),
                     (GPU_MEMORY, "20Gi"),
                     (GPUS, "2"),
-                    (VGPU_ID, "vgpu-1"),
                 ],
                 VgpuRequest {
                     gpus: 2,
@@ -504,6 +516,20 @@ mod tests {
         ];
         for (annotations, expected) in cases {
             assert_eq!(parse(annotations), Ok(Some(expected)), "{annotations:?}");
+        }
+    }
+
+    #[test]
+    fn a_container_cannot_bring_the_annotations_gpuplex_writes() {
+        for key in SET_BY_GPUPLEX {
+            for value in ["vgpu-5", "../../../../tmp/x", &"ab".repeat(16)] {
+                assert_refused(
+                    &[(GPUS, "1"), (key, value)],
+                    key,
+                    value,
+                    "gpuplex's to write",
+                );
+            }
         }
     }
 
@@ -662,8 +688,16 @@ mod tests {
 
     fn key() -> impl Strategy<Value = String> {
         prop_oneof![
-            prop::sample::select(vec![GPUS, GPU_MEMORY, GPU_MODEL, WEIGHT, PRIORITY, VGPU_ID])
-                .prop_map(str::to_string),
+            prop::sample::select(vec![
+                GPUS,
+                GPU_MEMORY,
+                GPU_MODEL,
+                WEIGHT,
+                PRIORITY,
+                VGPU_ID,
+                VGPU_HANDLE
+            ])
+            .prop_map(str::to_string),
             "gpuplex\\.io/[a-z-]{0,12}",
             any::<String>(),
         ]

@@ -5,16 +5,32 @@
 //! over the old file (then the directory is flushed): a reader sees the old record or the new one,
 //! never a torn one. A file that cannot be read back is set aside as `<name>.bad` and reported,
 //! never silently dropped.
+//!
+//! Beside the records:
+//!
+//! - `frozen.json`, the cgroups the service may have frozen ([`SavedFrozen`]), rewritten before
+//!   every freeze and after thaws: the watchdog thaws them when the service dies, and a start
+//!   thaws them before it reads anything else, so a record that cannot be read never leaves its
+//!   container frozen;
+//! - `accounting.json` (GPU time and the next vGPU number), rewritten every second;
+//! - `lock`, which the running service (and its watchdog, until it has thawed what the service
+//!   left frozen) holds: a second instance touches no cgroup ([`StateDir::lock`]).
+//!
+//! Reading never blocks and never follows a link: only regular files are read (a FIFO or a
+//! device named like a record is set aside, not opened for reading), each at most
+//! [`MAX_FILE`] bytes.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::{FreezerCgroup, FreezerVersion};
+use crate::cgroup::{FreezerCgroup, FreezerVersion, Hierarchies};
 
 /// The format version written in each file.
 pub const FORMAT: u32 = 1;
@@ -27,6 +43,11 @@ pub struct SavedVgpu {
     pub format: u32,
     /// Its id (`vgpu-3`).
     pub vgpu: String,
+    /// Its handle (32 hex digits), what its container attaches with. Absent in files written
+    /// before handles existed: such a vGPU gets a new one at recovery (a reservation of that
+    /// age cannot be attached by its old annotation any more, and lapses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
     /// The annotations it was reserved with (its request is read from them again).
     pub annotations: BTreeMap<String, String>,
     /// Its GPUs, by index, with the UUID each had (a GPU whose UUID changed is not the same).
@@ -71,7 +92,7 @@ pub struct SavedAttachment {
 }
 
 /// A freezer cgroup as saved.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SavedFreezer {
     /// `v1` or `v2`.
@@ -87,6 +108,22 @@ impl SavedFreezer {
             version: cgroup.version().to_string(),
             path: cgroup.path().to_path_buf(),
         }
+    }
+
+    /// The saved cgroup, resolved again as [`FreezerCgroup::at`] resolves a path (links and
+    /// `..` followed, then it must be a freezer cgroup directory below its hierarchy's mount,
+    /// not the mount itself), and of the saved version: a state file names no other directory.
+    pub fn resolve(&self, h: &Hierarchies) -> Result<FreezerCgroup, String> {
+        let cgroup = FreezerCgroup::at(&self.path, h).map_err(|e| e.to_string())?;
+        if cgroup.version().to_string() != self.version {
+            return Err(format!(
+                "{} is a {} freezer cgroup, not {} as saved",
+                self.path.display(),
+                cgroup.version(),
+                self.version
+            ));
+        }
+        Ok(cgroup)
     }
 
     /// The freezer cgroup saved; `None` for an unknown version.
@@ -111,6 +148,10 @@ pub struct SavedAccounting {
     pub vgpus: BTreeMap<String, SavedVgpuAccounting>,
     /// Per GPU index.
     pub gpus: BTreeMap<u32, SavedGpuAccounting>,
+    /// The number the next vGPU gets, so that a restart never gives an id twice. Absent in
+    /// files written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_vgpu: Option<u64>,
 }
 
 /// One vGPU's accounting.
@@ -140,6 +181,22 @@ pub struct SavedGpuAccounting {
 }
 
 const ACCOUNTING: &str = "accounting.json";
+const FROZEN: &str = "frozen.json";
+const LOCK: &str = "lock";
+
+/// The largest state file read, in bytes: a record is about 1 KiB, the frozen list 100 bytes a
+/// cgroup, the accounting 200 bytes a vGPU.
+pub const MAX_FILE: u64 = 4 << 20;
+
+/// The cgroups the service may have frozen, as saved in `frozen.json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedFrozen {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The cgroups.
+    pub frozen: Vec<SavedFreezer>,
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -198,13 +255,18 @@ impl StateDir {
         &self.dir
     }
 
-    fn file_of(&self, vgpu: &str) -> PathBuf {
+    fn file_of(&self, vgpu: VgpuId) -> PathBuf {
         self.dir.join(format!("{vgpu}.json"))
     }
 
     /// Writes a record atomically (temporary file, flush, rename, flush the directory).
     pub fn save(&self, saved: &SavedVgpu) -> Result<(), StateError> {
-        let path = self.file_of(&saved.vgpu);
+        let id: VgpuId = saved.vgpu.parse().map_err(|e| StateError {
+            action: "save",
+            path: self.dir.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        })?;
+        let path = self.file_of(id);
         let tmp = self.dir.join(format!(".{}.json.tmp", saved.vgpu));
         let err = |action, path: &Path| {
             let path = path.to_path_buf();
@@ -228,7 +290,7 @@ impl StateDir {
     }
 
     /// Removes a record; an absent one is not an error.
-    pub fn remove(&self, vgpu: &str) -> Result<(), StateError> {
+    pub fn remove(&self, vgpu: VgpuId) -> Result<(), StateError> {
         let path = self.file_of(vgpu);
         match fs::remove_file(&path) {
             Ok(()) => self.sync_dir(),
@@ -269,10 +331,88 @@ impl StateDir {
     /// Reads the accounting; `None` when there is none or it cannot be read (it is only
     /// accounting: the registrations do not depend on it).
     pub fn load_accounting(&self) -> Option<SavedAccounting> {
-        let bytes = fs::read(self.dir.join(ACCOUNTING)).ok()?;
+        let bytes = read_file(&self.dir.join(ACCOUNTING)).ok()?;
         serde_json::from_slice::<SavedAccounting>(&bytes)
             .ok()
             .filter(|a| a.format == FORMAT)
+    }
+
+    /// Writes the list of cgroups the service may have frozen: a temporary file renamed over
+    /// the old one (a reader sees the old list or the new one), not flushed to disk (a killed
+    /// service loses nothing written; a power cut loses the containers too).
+    pub fn save_frozen(&self, frozen: &SavedFrozen) -> Result<(), StateError> {
+        let path = self.dir.join(FROZEN);
+        let tmp = self.dir.join(format!(".{FROZEN}.tmp"));
+        let bytes = serde_json::to_vec(frozen).expect("a list of paths always serializes");
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|source| StateError {
+                action: "write",
+                path,
+                source,
+            })
+    }
+
+    /// Reads the list of cgroups the service may have frozen: none when there is no list; an
+    /// error (one line) when there is one that cannot be read.
+    pub fn load_frozen(&self) -> Result<SavedFrozen, String> {
+        let path = self.dir.join(FROZEN);
+        match read_file(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SavedFrozen::default()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+            Ok(bytes) => serde_json::from_slice::<SavedFrozen>(&bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|f| match f.format {
+                    FORMAT => Ok(f),
+                    other => Err(format!(
+                        "{}: format {other} is not known (this gpuplex writes {FORMAT})",
+                        path.display()
+                    )),
+                }),
+        }
+    }
+
+    /// Takes the node: an exclusive lock on `state_dir/lock`, held until the process exits (and
+    /// as long as a child holds a copy: [`NodeLock::inheritable`]). When another process holds
+    /// it, waits up to `wait` (the watchdog of a service that just died holds it until it has
+    /// thawed what that service left frozen), then refuses.
+    pub fn lock(&self, wait: Duration) -> Result<NodeLock, StateError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = self.dir.join(LOCK);
+        let fail = |source: std::io::Error| StateError {
+            action: "lock",
+            path: path.clone(),
+            source,
+        };
+        let deadline = std::time::Instant::now() + wait;
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(fail)?;
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                // Never unlocked by a drop: the lock goes when the last copy of the file closes,
+                // so that a watchdog that inherited one keeps it after the service is gone.
+                Ok(locked) => return Ok(NodeLock(std::mem::ManuallyDrop::new(locked))),
+                Err((back, nix::errno::Errno::EWOULDBLOCK))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    file = back;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(fail(std::io::Error::other(
+                        "another gpuplex node service (or the watchdog of one that just stopped) owns this node; stop it first (systemctl stop gpuplex)",
+                    )))
+                }
+                Err((_, e)) => return Err(fail(e.into())),
+            }
+        }
     }
 
     /// Reads every record. Leftover temporary files (a write cut short) are removed; a file
@@ -292,13 +432,16 @@ impl StateDir {
                 let _ = fs::remove_file(&path);
                 continue;
             }
-            if !name.ends_with(".json") || name == ACCOUNTING {
+            if !name.ends_with(".json") || name == ACCOUNTING || name == FROZEN {
                 continue;
             }
-            let parsed = fs::read(&path)
+            let parsed = read_file(&path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| serde_json::from_slice::<SavedVgpu>(&b).map_err(|e| e.to_string()))
                 .and_then(|s| match s.format {
+                    FORMAT if s.vgpu.parse::<VgpuId>().is_err() => {
+                        Err(format!("{:?} is not a vGPU id", s.vgpu))
+                    }
                     FORMAT if format!("{}.json", s.vgpu) == name => Ok(s),
                     FORMAT => Err(format!("it holds {}, not what its name says", s.vgpu)),
                     other => Err(format!(
@@ -322,6 +465,46 @@ impl StateDir {
     }
 }
 
+/// The node's lock ([`StateDir::lock`]).
+#[derive(Debug)]
+pub struct NodeLock(std::mem::ManuallyDrop<nix::fcntl::Flock<File>>);
+
+impl NodeLock {
+    /// A copy of the locked file that a child process inherits (no close-on-exec): the child
+    /// holds the lock with it until it exits. Close it in the parent once the child is spawned.
+    pub fn inheritable(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        let file: &File = &self.0;
+        nix::unistd::dup(file).map_err(std::io::Error::from)
+    }
+}
+
+/// A state file's bytes: a regular file only, no link followed, never blocking (a FIFO is
+/// refused, not waited on), at most [`MAX_FILE`] bytes.
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if meta.len() > MAX_FILE {
+        return Err(std::io::Error::other(format!(
+            "{} bytes, over the limit of {MAX_FILE}",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::other(format!(
+            "over the limit of {MAX_FILE} bytes"
+        )));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +513,7 @@ mod tests {
         SavedVgpu {
             format: FORMAT,
             vgpu: format!("vgpu-{n}"),
+            handle: Some(format!("{n:032x}")),
             annotations: [("gpuplex.io/weight".to_string(), "2".to_string())].into(),
             gpus: vec![SavedGpu {
                 index: 0,
@@ -362,8 +546,8 @@ mod tests {
         let loaded = state.load().unwrap();
         assert_eq!(loaded.vgpus, vec![saved(1), second]);
         assert!(loaded.unreadable.is_empty());
-        state.remove("vgpu-1").unwrap();
-        state.remove("vgpu-1").unwrap();
+        state.remove(VgpuId(1)).unwrap();
+        state.remove(VgpuId(1)).unwrap();
         assert_eq!(state.load().unwrap().vgpus.len(), 1);
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &fs::metadata(state.path()).unwrap().permissions(),

@@ -169,6 +169,7 @@ fn status_reply() -> String {
 fn vgpu_reply(id: &str, container: Option<&str>) -> VgpuReply {
     VgpuReply {
         id: id.into(),
+        handle: None,
         container: container.map(String::from),
         gpus: vec![AssignedGpu {
             index: 0,

@@ -209,16 +209,17 @@ fn kill_9_and_restart_recovers_registrations_and_thaws() {
     // Run long enough for a few accounting checkpoints.
     std::thread::sleep(Duration::from_millis(2500));
     let before = service.status();
-    service.kill9();
-    // The service is gone and one of them is frozen: nobody thaws it but the next start.
     let frozen = if a.is_frozen() { &a } else { &b };
-    assert!(frozen.is_frozen());
     let cpu = frozen.cpu();
-    service.spawn();
+    service.kill9();
+    // The service is gone: its watchdog thaws what it froze, within a second.
+    let thawed = wait_until(Duration::from_secs(1), || !a.is_frozen() && !b.is_frozen());
+    assert!(thawed.is_some(), "still frozen 1 s after the service died");
     assert!(
         wait_until(Duration::from_millis(500), || frozen.cpu() > cpu).is_some(),
-        "the process frozen before the restart did not run again"
+        "the process frozen before the kill did not run again"
     );
+    service.spawn();
     let after = service.status();
     // Accounting carries over from the last checkpoint (once a second): at most about a second
     // of GPU time is lost, none is invented.
@@ -458,19 +459,35 @@ fn registering_twice_returns_the_same_assignment_and_a_pid_finds_its_cgroup() {
     assert_eq!(gpu["device"]["path"], device, "{first}");
     assert_eq!(gpu["device"]["major"], 195, "{first}");
     assert_eq!(gpu["fake"], true, "{first}");
-    assert_eq!(ask(), first);
+    // The same container again gets the same vGPU, without its handle: only the request that
+    // reserved a vGPU learns it.
+    let handle = first["vgpu"]["handle"]
+        .as_str()
+        .expect("a handle")
+        .to_owned();
+    assert_eq!(handle.len(), 32, "{first}");
+    let mut without_handle = first.clone();
+    without_handle["vgpu"]
+        .as_object_mut()
+        .unwrap()
+        .remove("handle");
+    assert_eq!(ask(), without_handle);
     assert_eq!(service.status()["containers"].as_array().unwrap().len(), 1);
-    let saved = std::fs::read_to_string(under(&service, "state/vgpu-1.json")).unwrap();
+    let vgpu = first["vgpu"]["id"].as_str().unwrap().to_owned();
+    let file = format!("state/{vgpu}.json");
+    let saved = std::fs::read_to_string(under(&service, &file)).unwrap();
     assert!(saved.contains(g.path.to_str().unwrap()), "{saved}");
     // A pid in no cgroup of its own is refused, saying why.
     let reply = service.ask(&json!({"op": "register", "container": "c2", "pid": std::process::id(), "annotations": {"gpuplex.io/gpus": "1"}}));
     assert_eq!(reply["ok"], false, "{reply}");
     // Release by container id, then by vGPU id: the second finds nothing.
     let released = service.ask(&json!({"op": "release", "container": "c1"}));
-    assert_eq!(released["vgpu"]["id"], "vgpu-1", "{released}");
-    let again = service.ask(&json!({"op": "release", "vgpu": "vgpu-1"}));
+    assert_eq!(released["vgpu"]["id"], vgpu, "{released}");
+    let again = service.ask(&json!({"op": "release", "vgpu": vgpu}));
     assert_eq!(again, json!({"ok": true}));
-    assert!(!under(&service, "state/vgpu-1.json").exists());
+    let by_handle = service.ask(&json!({"op": "release", "handle": handle}));
+    assert_eq!(by_handle, json!({"ok": true}));
+    assert!(!under(&service, &file).exists());
 }
 
 #[test]
@@ -489,6 +506,7 @@ fn every_malformed_request_gets_an_error_reply_and_the_service_carries_on() {
         r#"{"op":"register"}"#,
         r#"{"op":"register","container":"x","pid":"12","annotations":{}}"#,
         r#"{"op":"attach","vgpu":"vgpu-99","container":"x","pid":1}"#,
+        r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"x","pid":1}"#,
         r#"{"op":"reserve","annotations":{"gpuplex.io/weight":"0"}}"#,
         r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"lots"}}"#,
         r#"{"op":"register","container":"x","cgroup":"/nonexistent/cgroup","annotations":{"gpuplex.io/gpus":"1"}}"#,

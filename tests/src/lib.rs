@@ -164,33 +164,54 @@ impl NodeService {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.join("service.log")).unwrap();
+        let _ = std::fs::remove_file(dir.join("service.log"));
+        let mut service = NodeService {
+            dir: dir.to_path_buf(),
+            config,
+            socket,
+            devices,
+            child: None,
+        };
+        service.restart();
+        service
+    }
+
+    /// Starts its process (again, after [`NodeService::stop`] or [`NodeService::kill9`]), and
+    /// waits until it listens.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the node service runs already");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("service.log"))
+            .unwrap();
         let child = Command::new(bin("containerd-shim-gpuplex-v1"))
             .arg("serve")
             .arg("--config")
-            .arg(&config)
+            .arg(&self.config)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        let service = NodeService {
-            dir: dir.to_path_buf(),
-            config,
-            socket,
-            devices,
-            child: Some(child),
-        };
+        self.child = Some(child);
         let started = Instant::now();
-        while UnixStream::connect(&service.socket).is_err() {
+        while UnixStream::connect(&self.socket).is_err() {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "the node service did not start: {}",
-                service.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        service
+    }
+
+    /// Kills its process with SIGKILL (its watchdog lives on).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Its log so far.
@@ -234,6 +255,18 @@ impl Drop for NodeService {
             eprintln!("--- node service log ---\n{}", self.log());
         }
     }
+}
+
+/// The v1 freezer state of the cgroup of `pid` (`THAWED`, `FROZEN`, `FREEZING`), if it has one.
+pub fn freezer_state(pid: u32) -> Option<String> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_owned()))?;
+    let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
+    std::fs::read_to_string(state)
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 /// podman with its storage in a directory of its own and gpuplex's hooks.d files pointing at
@@ -316,6 +349,26 @@ impl Podman {
         let out = self.run_as("-d", extra, script);
         assert!(out.status.success(), "podman run -d: {}", text(&out));
         String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// The host pid of a container's init.
+    pub fn init_pid(&self, id: &str) -> u32 {
+        let out = self
+            .command()
+            .args(["inspect", "--format", "{{.State.Pid}}", id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman inspect: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// `podman exec <id> sh -c script`.
+    pub fn exec(&self, id: &str, script: &str) -> Output {
+        self.command()
+            .args(["exec", id, "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
     }
 
     /// Removes every container it has, forcibly.

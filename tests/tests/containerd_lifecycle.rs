@@ -48,18 +48,6 @@ fn busy_pair(test: &str, prefix: &str, minor: u32) -> Option<Rig> {
     Some(rig)
 }
 
-/// The v1 freezer state of the cgroup of `pid` (`THAWED`, `FROZEN`, `FREEZING`), if it has one.
-fn freezer_state(pid: u32) -> Option<String> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = cgroups
-        .lines()
-        .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_owned()))?;
-    let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
-    std::fs::read_to_string(state)
-        .ok()
-        .map(|s| s.trim().to_owned())
-}
-
 fn entry(status: &Value, id: &str) -> Value {
     status["containers"]
         .as_array()

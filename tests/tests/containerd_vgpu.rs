@@ -333,3 +333,45 @@ fn a_containerd_container_with_a_bad_annotation_is_refused_leaving_nothing() {
     let identities = service.dir.join("identity");
     assert!(!identities.exists() || std::fs::read_dir(&identities).map_or(0, |d| d.count()) == 0);
 }
+
+#[test]
+fn a_containerd_container_naming_another_vgpu_gets_nothing_of_it() {
+    let Some(rig) = rig(
+        "a_containerd_container_naming_another_vgpu_gets_nothing_of_it",
+        1,
+        251,
+    ) else {
+        return;
+    };
+    let (c, service) = (&rig.containerd, &rig.service);
+    c.run_detached(
+        GPUPLEX,
+        &["gpuplex.io/gpu-memory=4Gi"],
+        "victim",
+        &["sleep", "1000"],
+    );
+    let before = listed(&service.status(), "victim").expect("the victim is attached");
+    let vgpu = before["vgpu"].as_str().unwrap().to_owned();
+    let identity = service.dir.join(format!("identity/{vgpu}.json"));
+    assert!(identity.exists());
+    let attacks = [
+        format!("gpuplex.io/vgpu-id={vgpu}"),
+        "gpuplex.io/vgpu-id=../../../../tmp/x".to_string(),
+        format!("gpuplex.io/vgpu-handle={}", "0".repeat(32)),
+    ];
+    for (i, annotation) in attacks.iter().enumerate() {
+        let out = c.run(
+            GPUPLEX,
+            &[annotation.as_str()],
+            &format!("thief-{i}"),
+            &["true"],
+        );
+        assert!(!out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("is gpuplex's to write"), "{stderr}");
+    }
+    let after = listed(&service.status(), "victim");
+    assert_eq!(after.as_ref(), Some(&before));
+    assert!(identity.exists(), "the victim's identity file was removed");
+    assert_eq!(service.held(), (1, 0), "{}", service.status());
+}

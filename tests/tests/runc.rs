@@ -396,3 +396,82 @@ impl Drop for Deleted<'_> {
         }
     }
 }
+
+#[test]
+fn a_runc_container_naming_another_vgpu_or_a_path_gets_nothing() {
+    if !can_run("a_runc_container_naming_another_vgpu_or_a_path_gets_nothing") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let service = NodeService::start(&dir.path().join("node"), 1, 240, "");
+    let runc = Runc::new(&dir.path().join("runc"));
+    // The victim: a runc container that registered itself and sleeps.
+    let bundle = runc.bundle(
+        "createRuntime",
+        "gpuplex-victim",
+        &service.config,
+        json!({"gpuplex.io/gpu-memory": "2Gi"}),
+        "sleep 1000",
+    );
+    let mut victim = runc
+        .command()
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg("gpuplex-victim")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = || {
+        service.status()["containers"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["id"] == "gpuplex-victim").cloned())
+    };
+    assert!(wait_until(Duration::from_secs(10), || listed().is_some()));
+    let before = listed().unwrap();
+    let vgpu = before["vgpu"].as_str().unwrap().to_owned();
+    let identity = service.dir.join(format!("identity/{vgpu}.json"));
+    let elsewhere = dir.path().join("elsewhere.json");
+    std::fs::write(&elsewhere, "{}").unwrap();
+    let climb = format!(
+        "../../../../../../..{}",
+        dir.path().join("elsewhere").display()
+    );
+    let attacks = [
+        (
+            json!({"gpuplex.io/vgpu-id": vgpu}),
+            "gpuplex.io/vgpu-id is gpuplex's annotation",
+        ),
+        (
+            json!({"gpuplex.io/vgpu-id": climb}),
+            "gpuplex.io/vgpu-id is gpuplex's annotation",
+        ),
+        (
+            json!({"gpuplex.io/vgpu-handle": "../../x", "gpuplex.io/vgpu-id": vgpu}),
+            "gpuplex.io/vgpu-handle is not one gpuplex wrote",
+        ),
+        (
+            json!({"gpuplex.io/vgpu-handle": "0".repeat(32), "gpuplex.io/vgpu-id": vgpu}),
+            "no reservation on this node has this handle",
+        ),
+    ];
+    for (i, (annotations, because)) in attacks.into_iter().enumerate() {
+        let out = runc.run(
+            &format!("gpuplex-thief-{i}"),
+            &service.config,
+            annotations,
+            "true",
+        );
+        assert!(!out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(because), "{stderr}");
+    }
+    // The victim keeps its vGPU and its identity; no file was removed.
+    assert_eq!(listed().as_ref(), Some(&before));
+    assert!(identity.exists() && elsewhere.exists());
+    let _ = runc
+        .command()
+        .args(["kill", "gpuplex-victim", "KILL"])
+        .status();
+    let _ = victim.wait();
+}

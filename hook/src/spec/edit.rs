@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use super::json::{all_objects, all_strings, array, kind, object, replace_or_push, write_devices};
 use super::{
     HookCommand, Injection, SpecError, HOOK_STAGES, IDENTITY_MOUNT_OPTIONS, IDENTITY_PATH,
-    VGPU_ID_ANNOTATION, VISIBLE_DEVICES,
+    VGPU_HANDLE_ANNOTATION, VGPU_ID_ANNOTATION, VISIBLE_DEVICES,
 };
 
 /// What goes into the config, built and checked before anything is changed.
@@ -22,6 +22,8 @@ struct Plan {
     mount: Value,
     /// The vGPU id.
     vgpu: String,
+    /// The handle, if the config carries it.
+    handle: Option<String>,
     /// The hook entry per stage.
     hooks: Vec<(&'static str, Value)>,
 }
@@ -86,6 +88,7 @@ impl Plan {
             env: format!("{VISIBLE_DEVICES}={}", injection.uuids.join(",")),
             mount,
             vgpu,
+            handle: injection.handle.map(|h| h.to_string()),
             hooks,
         })
     }
@@ -131,6 +134,10 @@ impl Plan {
 
         let annotations = object(root, "annotations", "annotations")?;
         annotations.insert(VGPU_ID_ANNOTATION.to_owned(), Value::String(self.vgpu));
+        match self.handle {
+            Some(handle) => annotations.insert(VGPU_HANDLE_ANNOTATION.to_owned(), handle.into()),
+            None => annotations.remove(VGPU_HANDLE_ANNOTATION),
+        };
 
         let hooks = object(root, "hooks", "hooks")?;
         for (stage, entry) in self.hooks {

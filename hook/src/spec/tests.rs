@@ -36,6 +36,7 @@ pub(super) fn node(host: &str, major: u32, minor: u32) -> DeviceNode {
 pub(super) fn injection() -> Injection {
     Injection {
         vgpu: "vgpu-3".into(),
+        handle: Some(gpuplex_scheduler::Handle::from_bytes([0x3c; 16])),
         uuids: vec![
             "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
             "GPU-fake-1".into(),
@@ -61,6 +62,7 @@ pub(super) fn injection() -> Injection {
 pub(super) fn one() -> Injection {
     Injection {
         vgpu: "vgpu-1".into(),
+        handle: None,
         uuids: vec!["GPU-a".into()],
         devices: vec![node("/dev/nvidia0", 195, 0)],
         identity_file: "/run/gpuplex/vgpus/vgpu-1.json".into(),
@@ -213,6 +215,7 @@ fn leaves_everything_else_as_it_was() {
         }
         let mut annotations = out["annotations"].as_object().unwrap().clone();
         annotations.remove(VGPU_ID_ANNOTATION);
+        annotations.remove(VGPU_HANDLE_ANNOTATION);
         assert_eq!(
             Some(&annotations),
             input["annotations"]
@@ -282,4 +285,16 @@ fn without_a_hook_command_no_hook_is_added() {
     let out = edited(&config, &injection);
     assert_eq!(out["hooks"], config["hooks"]);
     assert_eq!(out["annotations"][VGPU_ID_ANNOTATION], "vgpu-1");
+}
+
+#[test]
+fn the_handle_is_in_the_spec_only_for_a_hook_that_attaches_with_it() {
+    let config = json!({"annotations": {"gpuplex.io/gpu-memory": "1Gi"}});
+    let with = edited(&config, &injection());
+    assert_eq!(with["annotations"][VGPU_HANDLE_ANNOTATION], "3c".repeat(16));
+    let without = edited(&with, &one());
+    assert!(
+        without["annotations"].get(VGPU_HANDLE_ANNOTATION).is_none(),
+        "{without}"
+    );
 }

@@ -34,7 +34,21 @@ fn mem(gib: &str) -> Vec<(&'static str, String)> {
 }
 
 fn reserve(n: &mut Node, annotations: &[(&str, &str)], ms: u64) -> Result<VgpuId, NodeError> {
-    n.reserve(annotations.iter().copied(), at(ms)).map(|r| r.id)
+    n.reserve(annotations.iter().copied(), fresh(), at(ms))
+        .map(|r| r.id)
+}
+
+/// A handle no other call of this test process gets.
+fn fresh() -> Handle {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    Handle::from_bytes(u128::from(NEXT.fetch_add(1, Ordering::Relaxed)).to_be_bytes())
+}
+
+/// The handle `v` was reserved with (a handle nothing was reserved with for an unknown `v`).
+fn handle_of(n: &Node, v: VgpuId) -> Handle {
+    n.record(v)
+        .map_or(Handle::from_bytes([0xee; 16]), |r| r.handle)
 }
 
 fn container(id: &str, pid: u32) -> Attachment {
@@ -111,6 +125,7 @@ fn registrations_close_together_get_different_idle_gpus_and_share_once_none_is_i
             .map(|i| {
                 n.register(
                     EIGHT.iter().copied(),
+                    fresh(),
                     container(&format!("c{i}"), i + 1),
                     at(0),
                 )
@@ -125,7 +140,7 @@ fn registrations_close_together_get_different_idle_gpus_and_share_once_none_is_i
             n.observe(v, false, at(50));
         }
         let d = n
-            .register(EIGHT.iter().copied(), container("d", 9), at(60))
+            .register(EIGHT.iter().copied(), fresh(), container("d", 9), at(60))
             .unwrap()
             .id;
         let busiest = if n.inventory().bound(GpuIndex(0)) > 2 {
@@ -144,16 +159,23 @@ fn registrations_close_together_get_different_idle_gpus_and_share_once_none_is_i
 fn attach_binds_the_container_and_is_idempotent() {
     let mut n = node(1, AssignmentPolicy::Spread);
     let v = reserve(&mut n, EIGHT, 0).unwrap();
-    let first = n.attach(v, container("c1", 100), at(5)).unwrap().clone();
+    let first = n
+        .attach(&handle_of(&n, v), container("c1", 100), at(5))
+        .unwrap()
+        .clone();
     assert_eq!(first.attachment, Some(container("c1", 100)));
-    assert_eq!(n.attach(v, container("c1", 100), at(6)).unwrap(), &first);
+    assert_eq!(
+        n.attach(&handle_of(&n, v), container("c1", 100), at(6))
+            .unwrap(),
+        &first
+    );
     assert_eq!(n.vgpu_of("c1"), Some(v));
     let status = n.status(at(6));
     assert_eq!(status.containers[0].state, ContainerState::Idle);
     assert_eq!(status.gpus[0].containers, vec!["c1".to_string()]);
     assert!(status.reservations.is_empty());
     assert_eq!(
-        n.attach(v, container("c2", 200), at(7)),
+        n.attach(&handle_of(&n, v), container("c2", 200), at(7)),
         Err(NodeError::AttachedElsewhere {
             vgpu: v,
             attached: "c1".into(),
@@ -162,19 +184,19 @@ fn attach_binds_the_container_and_is_idempotent() {
     );
     let w = reserve(&mut n, EIGHT, 8).unwrap();
     assert_eq!(
-        n.attach(w, container("c1", 100), at(9)),
+        n.attach(&handle_of(&n, w), container("c1", 100), at(9)),
         Err(NodeError::ContainerAttached {
             container: "c1".into(),
             attached: v
         })
     );
     assert_eq!(
-        n.attach(VgpuId(99), container("c3", 1), at(9)),
-        Err(NodeError::UnknownVgpu(VgpuId(99)))
+        n.attach(&handle_of(&n, VgpuId(99)), container("c3", 1), at(9)),
+        Err(NodeError::UnknownHandle)
     );
     for bad in ["", "a b", "x\ny"] {
         assert_eq!(
-            n.attach(w, container(bad, 1), at(9)),
+            n.attach(&handle_of(&n, w), container(bad, 1), at(9)),
             Err(NodeError::BadContainerId(bad.into()))
         );
     }
@@ -189,13 +211,14 @@ fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
         ("gpuplex.io/weight", "3"),
     ];
     let v = n
-        .register(annotations, container("job", 7), at(0))
+        .register(annotations, fresh(), container("job", 7), at(0))
         .unwrap()
         .id;
     assert_eq!(n.record(v).unwrap().request.weight, 3);
     // Registering the same container again returns the same vGPU, whatever it asks now.
     let again = n.register(
         mem("1Gi").iter().map(|(k, v)| (*k, v.as_str())),
+        fresh(),
         container("job", 7),
         at(1),
     );
@@ -203,6 +226,7 @@ fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
     // One that does not fit leaves no reservation behind.
     let e = n.register(
         [("gpuplex.io/gpu-memory", "20Gi")],
+        fresh(),
         container("other", 8),
         at(2),
     );
@@ -210,10 +234,82 @@ fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
     assert_eq!(n.records().count(), 1);
     assert_eq!(n.vgpu_of("other"), None);
     assert_eq!(
-        n.register(EIGHT.iter().copied(), container(" ", 9), at(3)),
+        n.register(EIGHT.iter().copied(), fresh(), container(" ", 9), at(3)),
         Err(NodeError::BadContainerId(" ".into()))
     );
     assert_eq!(n.inventory().unreserved(GpuIndex(0)), 10 * GIB);
+}
+
+#[test]
+fn only_a_handle_attaches_or_releases_on_a_containers_behalf() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let victim = reserve(&mut n, EIGHT, 0).unwrap();
+    let victim_handle = handle_of(&n, victim);
+    let mine = reserve(&mut n, EIGHT, 1).unwrap();
+    // Another reservation's handle is no use to a guess: an unknown handle attaches nothing and
+    // releases nothing.
+    let guess = Handle::from_bytes([0x42; 16]);
+    assert_eq!(
+        n.attach(&guess, container("thief", 5), at(2)),
+        Err(NodeError::UnknownHandle)
+    );
+    assert_eq!(n.release(&ReleaseKey::Handle(guess), at(2)), None);
+    n.attach(&victim_handle, container("victim", 6), at(3))
+        .unwrap();
+    // A register under the victim's container id, from another process, gets nothing of it.
+    assert_eq!(
+        n.register(
+            EIGHT.iter().copied(),
+            fresh(),
+            container("victim", 7),
+            at(4)
+        ),
+        Err(NodeError::ContainerAttached {
+            container: "victim".into(),
+            attached: victim
+        })
+    );
+    // The same container registering again (a hook run twice) gets its own vGPU back.
+    assert_eq!(
+        n.register(
+            EIGHT.iter().copied(),
+            fresh(),
+            container("victim", 6),
+            at(5)
+        )
+        .map(|r| r.id),
+        Ok(victim)
+    );
+    let released = n.release(&ReleaseKey::Handle(handle_of(&n, mine)), at(6));
+    assert_eq!(released.map(|r| r.record.id), Some(mine));
+    assert_eq!(n.vgpu_of("victim"), Some(victim), "untouched");
+    // A handle is one reservation's, and is not given to a second one.
+    assert_eq!(
+        reserve_with(&mut n, victim_handle, 7),
+        Err(NodeError::HandleInUse)
+    );
+}
+
+fn reserve_with(n: &mut Node, handle: Handle, ms: u64) -> Result<VgpuId, NodeError> {
+    n.reserve(EIGHT.iter().copied(), handle, at(ms))
+        .map(|r| r.id)
+}
+
+#[test]
+fn ids_start_where_the_service_says_and_never_repeat() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    n.start_ids_at(1_764_600_000_000);
+    let a = reserve(&mut n, EIGHT, 0).unwrap();
+    assert_eq!(a, VgpuId(1_764_600_000_000));
+    n.release(&ReleaseKey::Vgpu(a), at(1));
+    // A lower start never takes the numbering back.
+    n.start_ids_at(5);
+    let b = reserve(&mut n, EIGHT, 2).unwrap();
+    assert_eq!(b, VgpuId(1_764_600_000_001));
+    assert_eq!(n.next_id(), 1_764_600_000_002);
+    // Past the last number there are none left: refused, not wrapped around.
+    n.start_ids_at(u64::MAX);
+    assert_eq!(reserve(&mut n, EIGHT, 3), Err(NodeError::IdsExhausted));
 }
 
 /// Containers `a` and `b`, registered on one GPU and both with work at 50 ms: the decision
@@ -221,11 +317,11 @@ fn register_is_reserve_and_attach_and_leaves_nothing_when_it_fails() {
 fn contending() -> (Node, VgpuId, VgpuId, VgpuId) {
     let mut n = node(1, AssignmentPolicy::Spread);
     let a = n
-        .register(EIGHT.iter().copied(), container("a", 1), at(0))
+        .register(EIGHT.iter().copied(), fresh(), container("a", 1), at(0))
         .unwrap()
         .id;
     let b = n
-        .register(EIGHT.iter().copied(), container("b", 2), at(0))
+        .register(EIGHT.iter().copied(), fresh(), container("b", 2), at(0))
         .unwrap()
         .id;
     n.observe(a, true, at(50));
@@ -338,8 +434,10 @@ fn a_held_container_released_is_left_to_its_user() {
 fn a_reservation_nobody_attaches_lapses_after_its_ttl() {
     let mut n = node(1, AssignmentPolicy::Spread);
     let lapsing = reserve(&mut n, EIGHT, 1_000).unwrap();
+    let lapsing_handle = handle_of(&n, lapsing);
     let kept = reserve(&mut n, EIGHT, 2_000).unwrap();
-    n.attach(kept, container("c", 1), at(3_000)).unwrap();
+    n.attach(&handle_of(&n, kept), container("c", 1), at(3_000))
+        .unwrap();
     let d = n.decide(at(3_000));
     assert_eq!(d.next_due, Some(at(61_000)), "the next lapse is due");
     assert!(n.decide(at(60_999)).lapsed.is_empty());
@@ -353,8 +451,8 @@ fn a_reservation_nobody_attaches_lapses_after_its_ttl() {
     assert!(n.record(kept).is_some(), "attached: never lapses");
     assert_eq!(n.inventory().unreserved(GpuIndex(0)), 32 * GIB);
     assert_eq!(
-        n.attach(lapsing, container("late", 2), at(61_001)),
-        Err(NodeError::UnknownVgpu(lapsing))
+        n.attach(&lapsing_handle, container("late", 2), at(61_001)),
+        Err(NodeError::UnknownHandle)
     );
 }
 
@@ -367,6 +465,7 @@ fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
                 ("gpuplex.io/gpu-memory", "30Gi"),
                 ("gpuplex.io/priority", "high"),
             ],
+            fresh(),
             container("a", 1),
             at(0),
         )
@@ -392,6 +491,7 @@ fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
     // A record that would overfill a GPU is refused, and changes nothing.
     let mut over = saved[0].clone();
     over.id = VgpuId(50);
+    over.handle = fresh();
     over.attachment = Some(container("z", 9));
     let unreserved = after.inventory().unreserved(over.assignment.gpus[0]);
     assert!(matches!(
@@ -403,8 +503,14 @@ fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
         unreserved
     );
     assert_eq!(after.vgpu_of("z"), None);
-    // The same record twice, or a container twice, is refused too.
+    // The same record twice, or a container twice, or a handle twice, is refused too.
     assert!(after.restore(saved[0].clone(), at(30)).is_err());
+    let mut same_handle = saved[1].clone();
+    same_handle.id = VgpuId(60);
+    assert_eq!(
+        after.restore(same_handle, at(30)),
+        Err(NodeError::HandleInUse)
+    );
 }
 
 #[test]
@@ -418,6 +524,7 @@ fn status_serializes_for_tools() {
             ("io.kubernetes.cri.sandbox-namespace", "ml"),
             ("io.other/ignored", "x"),
         ],
+        fresh(),
         container("c", 1),
         at(0),
     )
@@ -485,14 +592,14 @@ proptest::proptest! {
             match op {
                 Op::Reserve(gib, gpus) => {
                     let a = [("gpuplex.io/gpu-memory", format!("{gib}Gi")), ("gpuplex.io/gpus", gpus.to_string())];
-                    let _ = n.reserve(a.iter().map(|(k, v)| (*k, v.as_str())), t);
+                    let _ = n.reserve(a.iter().map(|(k, v)| (*k, v.as_str())), fresh(), t);
                 }
                 Op::Attach(v, c) => {
-                    let _ = n.attach(VgpuId(v), container(&format!("c{c}"), 1), t);
+                    let _ = n.attach(&handle_of(&n, VgpuId(v)), container(&format!("c{c}"), 1), t);
                 }
                 Op::Register(gib, gpus, c) => {
                     let a = [("gpuplex.io/gpu-memory", format!("{gib}Gi")), ("gpuplex.io/gpus", gpus.to_string())];
-                    let _ = n.register(a.iter().map(|(k, v)| (*k, v.as_str())), container(&format!("c{c}"), 1), t);
+                    let _ = n.register(a.iter().map(|(k, v)| (*k, v.as_str())), fresh(), container(&format!("c{c}"), 1), t);
                 }
                 Op::ReleaseVgpu(v) => {
                     let _ = n.release(&ReleaseKey::Vgpu(VgpuId(v)), t);
@@ -552,7 +659,12 @@ proptest::proptest! {
 fn accounting_carries_over_a_restart() {
     let mut n = node(1, AssignmentPolicy::Spread);
     let v = n
-        .register([("gpuplex.io/gpu-memory", "8Gi")], container("c", 1), at(0))
+        .register(
+            [("gpuplex.io/gpu-memory", "8Gi")],
+            fresh(),
+            container("c", 1),
+            at(0),
+        )
         .unwrap()
         .id;
     let stats = VgpuStats {

@@ -20,6 +20,13 @@ fn at(ms: u64) -> Instant {
     Instant::from_nanos(ms * 1_000_000)
 }
 
+/// The handle the tests reserve with.
+const HANDLE: &str = "0123456789abcdef0123456789abcdef";
+
+fn fresh() -> Handle {
+    HANDLE.parse().unwrap()
+}
+
 fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -37,13 +44,14 @@ fn every_request_form_reads() {
             },
         ),
         (
-            r#"{"op":"attach","vgpu":"vgpu-3","container":"c1","pid":42}"#,
+            r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42,"unstarted":true}"#,
             Request::Attach {
-                vgpu: VgpuId(3),
+                handle: fresh(),
                 attachment: Attachment {
                     container: "c1".into(),
                     target: Target::Pid(42),
                 },
+                unstarted: true,
             },
         ),
         (
@@ -54,6 +62,7 @@ fn every_request_form_reads() {
                     container: "job".into(),
                     target: Target::Cgroup("/sys/fs/cgroup/freezer/job".into()),
                 },
+                unstarted: false,
             },
         ),
         (
@@ -64,6 +73,7 @@ fn every_request_form_reads() {
                     container: "job".into(),
                     target: Target::Pid(1),
                 },
+                unstarted: false,
             },
         ),
         (
@@ -73,6 +83,10 @@ fn every_request_form_reads() {
         (
             r#"{"op":"release","container":"c1"}"#,
             Request::Release(ReleaseKey::Container("c1".into())),
+        ),
+        (
+            r#"{"op":"release","handle":"0123456789abcdef0123456789abcdef"}"#,
+            Request::Release(ReleaseKey::Handle(fresh())),
         ),
         (
             r#"{"op":"hold","container":"c1"}"#,
@@ -116,39 +130,47 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"attach","container":"c","pid":1}"#,
-            "attach: missing field `vgpu`",
+            "attach: missing field `handle`",
         ),
         (
-            br#"{"op":"attach","vgpu":"7","container":"c","pid":1}"#,
-            "attach: vgpu: `7` is not a vGPU id",
+            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":1}"#,
+            "attach: unknown field `vgpu`",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c"}"#,
+            br#"{"op":"attach","handle":"../../tmp/x","container":"c","pid":1}"#,
+            "attach: handle: not a vGPU handle",
+        ),
+        (
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1,"unstarted":"yes"}"#,
+            "attach: invalid type",
+        ),
+        (
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c"}"#,
             "exactly one of `pid` and `cgroup`",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":1,"cgroup":"/x"}"#,
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1,"cgroup":"/x"}"#,
             "exactly one of `pid` and `cgroup`",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":0}"#,
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":0}"#,
             "pid must be above 0",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":-1}"#,
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":-1}"#,
             "attach: invalid value",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","cgroup":"x"}"#,
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","cgroup":"x"}"#,
             "is not an absolute path",
         ),
         (
-            br#"{"op":"attach","vgpu":"vgpu-1","container":"c","pid":1,"annotations":{}}"#,
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1,"annotations":{}}"#,
             "attach: unknown field `annotations`",
         ),
         (
-            br#"{"op":"register","vgpu":"vgpu-1","container":"c","pid":1}"#,
-            "register: unknown field `vgpu`",
+            br#"{"op":"register","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1}"#,
+            "register: unknown field `handle`",
         ),
         (
             br#"{"op":"register","pid":1}"#,
@@ -156,19 +178,23 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"release"}"#,
-            "exactly one of `vgpu` and `container`",
+            "exactly one of `vgpu`, `container` and `handle`",
         ),
         (
-            br#"{"op":"release","vgpu":"vgpu-1","container":"c"}"#,
-            "exactly one of `vgpu` and `container`",
+            br#"{"op":"release","handle":"0123456789abcdef0123456789abcdef","container":"c"}"#,
+            "exactly one of `vgpu`, `container` and `handle`",
+        ),
+        (
+            br#"{"op":"release","handle":"vgpu-1"}"#,
+            "release: handle: not a vGPU handle",
         ),
         (
             br#"{"op":"hold"}"#,
-            "hold: give exactly one of `vgpu` and `container`",
+            "hold: give exactly one of `vgpu`, `container` and `handle`",
         ),
         (
-            br#"{"op":"unhold","vgpu":"vgpu-1","container":"c"}"#,
-            "unhold: give exactly one of `vgpu` and `container`",
+            br#"{"op":"unhold","handle":"0123456789abcdef0123456789abcdef","container":"c"}"#,
+            "unhold: give exactly one of `vgpu`, `container` and `handle`",
         ),
         (
             br#"{"op":"hold","vgpu":"x"}"#,
@@ -206,7 +232,13 @@ fn every_malformed_line_gets_its_own_one_line_error() {
 fn a_session_of_requests_against_a_node() {
     let mut n = node();
     let ask = |n: &mut Node, line: &str, ms: u64| {
-        let reply = n.handle(parse_request(line.as_bytes()).unwrap(), at(ms));
+        // The first reservation (at 0 ms) gets HANDLE, later ones a handle of their instant.
+        let fresh = if ms == 0 {
+            fresh()
+        } else {
+            Handle::from_bytes(u128::from(ms).to_be_bytes())
+        };
+        let reply = n.handle(parse_request(line.as_bytes()).unwrap(), fresh, at(ms));
         let text = reply.to_line();
         assert!(
             text.ends_with('\n') && text.matches('\n').count() == 1,
@@ -225,6 +257,11 @@ fn a_session_of_requests_against_a_node() {
     let v = r.vgpu.unwrap();
     assert_eq!((v.id.as_str(), v.weight, v.container), ("vgpu-1", 2, None));
     assert_eq!(
+        v.handle.as_deref(),
+        Some(HANDLE),
+        "the reservation's reply has its handle"
+    );
+    assert_eq!(
         v.gpus,
         vec![AssignedGpu {
             index: 0,
@@ -236,19 +273,34 @@ fn a_session_of_requests_against_a_node() {
         }]
     );
 
+    // The vGPU's id attaches nothing; its handle does.
     let r = ask(
         &mut n,
-        r#"{"op":"attach","vgpu":"vgpu-1","container":"c1","pid":42}"#,
+        r#"{"op":"attach","handle":"ffffffffffffffffffffffffffffffff","container":"c1","pid":42}"#,
+        9,
+    );
+    assert!(r
+        .error
+        .unwrap()
+        .contains("no reservation on this node has this handle"));
+    let r = ask(
+        &mut n,
+        r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
         10,
     );
     assert_eq!(r.vgpu.unwrap().container.as_deref(), Some("c1"));
     // Attaching again is the same answer.
     let again = ask(
         &mut n,
-        r#"{"op":"attach","vgpu":"vgpu-1","container":"c1","pid":42}"#,
+        r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
         11,
     );
     assert!(again.ok);
+    assert_eq!(
+        again.vgpu.unwrap().handle,
+        None,
+        "an attach shows no handle"
+    );
 
     let r = ask(
         &mut n,
@@ -315,7 +367,7 @@ proptest::proptest! {
     fn any_bytes_get_a_reply(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
         match parse_request(&line) {
             Ok(request) => {
-                let reply = node().handle(request, at(0));
+                let reply = node().handle(request, fresh(), at(0));
                 proptest::prop_assert!(reply.to_line().ends_with('\n'));
             }
             Err(e) => proptest::prop_assert!(!e.to_string().contains('\n')),
@@ -335,7 +387,7 @@ proptest::proptest! {
         }
         let line = serde_json::to_vec(&object).unwrap();
         if let Ok(request) = parse_request(&line) {
-            let _ = node().handle(request, at(0));
+            let _ = node().handle(request, fresh(), at(0));
         }
     }
 }

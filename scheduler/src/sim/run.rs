@@ -27,7 +27,7 @@ use crate::inventory::{Gpu, InventoryError};
 use crate::node::{Attachment, Node, ReleaseKey, Target};
 use crate::request::Priority;
 use crate::windows::Action;
-use crate::{GpuIndex, Instant, VgpuId};
+use crate::{GpuIndex, Handle, Instant, VgpuId};
 
 /// Replays `scenario` and reports what happened.
 pub fn run(scenario: &Scenario) -> Result<Report, InventoryError> {
@@ -435,7 +435,9 @@ impl<'a> Engine<'a> {
                 container: format!("sim-{c}"),
                 target: Target::Cgroup(format!("/gpuplex-sim/{c}")),
             };
-            let assignment = match self.node.register(annotations, attachment, now) {
+            // The simulator's handles need not be secret, only distinct: the container's index.
+            let handle = Handle::from_bytes((c as u128).to_be_bytes());
+            let assignment = match self.node.register(annotations, handle, attachment, now) {
                 Ok(record) => record.assignment.clone(),
                 Err(e) => {
                     self.reject(c, e.to_string());

@@ -1,6 +1,6 @@
 //! `containerd-shim-gpuplex-v1`: containerd's shim v2 for gpuplex when containerd runs it
-//! (`-namespace NS -address A -id ID start|delete`, and the daemon it starts), and the node
-//! service (`serve`).
+//! (`-namespace NS -address A -id ID start|delete`, and the daemon it starts), the node
+//! service (`serve`), and the service's watchdog (`watchdog`, which the service starts itself).
 //!
 //! Exit codes: 0 stopped by SIGTERM/SIGINT after thawing everything; 1 could not start (one line
 //! on stderr says why); 2 usage.
@@ -31,6 +31,18 @@ fn main() -> ExitCode {
     };
     match command.to_str() {
         Some("serve") => {}
+        Some("watchdog") => {
+            // Started by `serve` itself, with the pipe it watches on stdin.
+            return match (args.next(), args.next(), args.next()) {
+                (Some(flag), Some(dir), None) if flag == "--state-dir" => {
+                    gpuplex_shim::service::watchdog::run(PathBuf::from(dir))
+                }
+                _ => {
+                    eprintln!("containerd-shim-gpuplex-v1 watchdog: started by `serve`, as `watchdog --state-dir DIR`");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Some("--help" | "-h" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

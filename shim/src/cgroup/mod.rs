@@ -27,11 +27,15 @@
 //! Everything here blocks (it polls with sleeps of 50 µs to 1 ms while a freeze completes): call it
 //! from a thread of its own or `spawn_blocking`, not from an async task.
 //!
+//! Which cgroups may be frozen at all (never a hierarchy's root, the service's own, or one nested
+//! with another container's) is [`Admission`]'s one check.
+//!
 //! Layout: `mounts` parses mountinfo ([`Hierarchies`]); `procfs` parses `/proc/PID/cgroup` and
 //! `/proc/PID/stat`; `v1` and `v2` hold each interface's file protocol; `freezer` ties them
 //! together behind [`FreezerCgroup`]; `fsio` does the reads and writes and tells `Gone` from other
 //! I/O errors.
 
+mod admission;
 mod error;
 mod freezer;
 mod fsio;
@@ -44,6 +48,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use admission::{Admission, Refusal};
 pub use error::CgroupError;
 pub use freezer::{freeze_all, FreezerCgroup};
 pub use mounts::Hierarchies;

@@ -22,6 +22,8 @@ pub use table::render_status;
 
 use crate::client::{ClientError, NodeClient, DEFAULT_SOCKET};
 use args::{Cli, Command, Format};
+use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::VgpuId;
 
 /// The config file read for `service.socket` when neither `--config` nor `$GPUPLEX_CONFIG`
 /// names one. Unlike a named one, it may be absent.
@@ -110,15 +112,26 @@ pub fn run(
             target,
             annotations,
         } => {
-            let vgpu = NodeClient::connect(&socket()?)?.register(id, target, annotations)?;
+            // A process that runs already: windowed from its first sample.
+            let vgpu =
+                NodeClient::connect(&socket()?)?.register(id, target, annotations, false)?;
             write_out(out, &pretty(&vgpu)).map(drop)
         }
-        Command::Release { key } => match NodeClient::connect(&socket()?)?.release(key)? {
+        Command::Release { key } => match NodeClient::connect(&socket()?)?.release(&release_key(key))? {
             Some(vgpu) => write_out(out, &format!("{}\n", vgpu.id)).map(drop),
             None => Err(CtlError::Failed(format!(
                 "nothing is registered under `{key}`: give a container id or a vGPU id (gpuplexctl status lists them)"
             ))),
         },
+    }
+}
+
+/// What `gpuplexctl release KEY` releases: the vGPU when KEY reads like a vGPU id (`vgpu-3`),
+/// else the vGPU of the container KEY (the operator's choice: both are listed by status).
+fn release_key(key: &str) -> ReleaseKey {
+    match key.parse::<VgpuId>() {
+        Ok(vgpu) => ReleaseKey::Vgpu(vgpu),
+        Err(_) => ReleaseKey::Container(key.to_owned()),
     }
 }
 

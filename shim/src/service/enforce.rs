@@ -7,6 +7,9 @@
 //!
 //! A held container (its user paused it) is its user's: no order, release, exit or shutdown
 //! freezes or thaws it until it is unheld.
+//!
+//! Every freeze is preceded by the frozen list written with its cgroup, and no freeze is made
+//! while no watchdog runs or the list cannot be written (see the service's module doc).
 
 use std::time::{Duration, Instant};
 
@@ -92,7 +95,7 @@ impl Service {
             return;
         }
         let started = Instant::now();
-        let freezes: Vec<VgpuId> = actions
+        let mut freezes: Vec<VgpuId> = actions
             .iter()
             .filter_map(|a| match a {
                 Action::Freeze(v) if self.enforced.get(v).is_some_and(|e| !e.held) => Some(*v),
@@ -104,6 +107,13 @@ impl Service {
             })
             .collect();
         let mut exited = Vec::new();
+        if !freezes.is_empty() && (self.watchdog.is_none() || !self.record_frozen(&freezes)) {
+            tracing::error!(
+                "{} freeze(s) not carried out: no watchdog, or the frozen list cannot be written; they run on outside their windows",
+                freezes.len()
+            );
+            freezes.clear();
+        }
         if !freezes.is_empty() {
             let cgroups: Vec<&FreezerCgroup> =
                 freezes.iter().map(|v| &self.enforced[v].cgroup).collect();
@@ -142,6 +152,7 @@ impl Service {
                 }
             }
         }
+        self.record_frozen(&[]);
         tracing::debug!(
             "carried out {} freeze(s) in {:?} and {thawed} thaw(s), {:?} in all",
             freezes.len(),
@@ -161,6 +172,7 @@ impl Service {
                 thawed += 1;
             }
         }
+        self.record_frozen(&[]);
         thawed
     }
 
@@ -187,18 +199,19 @@ impl Service {
     pub(super) fn forget(&mut self, vgpu: VgpuId) {
         if let Some(mut e) = self.enforced.remove(&vgpu) {
             let _ = e.thaw(vgpu);
+            self.record_frozen(&[]);
         }
         self.sampler.forget(vgpu);
         // The hook's identity file for it, if any: whoever released it (poststop, an exit seen
         // here, a lapse), the file goes with the vGPU.
         let identities = gpuplex_hook::identity::identity_dir(&self.config.service.socket);
-        if let Err(e) = gpuplex_hook::identity::remove(&identities, &vgpu.to_string()) {
+        if let Err(e) = gpuplex_hook::identity::remove(&identities, vgpu) {
             tracing::warn!(
                 "{vgpu}: cannot remove its identity file in {}: {e}",
                 identities.display()
             );
         }
-        if let Err(e) = self.state.remove(&vgpu.to_string()) {
+        if let Err(e) = self.state.remove(vgpu) {
             tracing::error!("{vgpu}: {e}; a restart would recover it, and then drop it if its container is gone");
         }
     }

@@ -11,6 +11,13 @@
 //! recovered container is thawed, since nothing holds a window yet. A held container (its user
 //! paused it: `hold` on the socket, saved with its record) is its user's: no order, release,
 //! exit, shutdown or start freezes or thaws it until `unhold`.
+//!
+//! What survives what: before any freeze the cgroups about to be frozen are written to the
+//! frozen list (`state_dir/frozen.json`); a [`watchdog`] process thaws that list when the service
+//! dies of anything (SIGKILL, an OOM kill, a panic), and a start thaws it before it reads a
+//! record. Nothing is frozen while the list cannot be written or no watchdog watches. The node
+//! lock (`state_dir/lock`) is taken before any cgroup is touched, and the watchdog keeps it until
+//! it has thawed: a second instance, or a restart racing the watchdog, waits or refuses.
 
 mod cdi;
 mod enforce;
@@ -18,6 +25,7 @@ mod recover;
 mod requests;
 mod socket;
 mod unstarted;
+pub mod watchdog;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,11 +41,13 @@ use crate::cgroup::{CgroupError, Hierarchies};
 use crate::config::NodeConfig;
 use crate::gpus::{self, GpuSource, NodeGpu};
 use crate::state::{
-    SavedAccounting, SavedGpuAccounting, SavedVgpuAccounting, StateDir, StateError,
+    unix_ms, NodeLock, SavedAccounting, SavedFreezer, SavedFrozen, SavedGpuAccounting,
+    SavedVgpuAccounting, StateDir, StateError,
 };
 
 use cdi::CdiSpecs;
 use enforce::Enforced;
+use watchdog::Watchdog;
 
 /// What the service's loop is told.
 pub enum Event {
@@ -83,6 +93,9 @@ pub enum ServiceError {
     /// Signals cannot be handled.
     #[error("cannot handle signals: {0}")]
     Signals(std::io::Error),
+    /// The watchdog cannot be started.
+    #[error("cannot start the watchdog that thaws containers if the service dies: {0}")]
+    Watchdog(std::io::Error),
 }
 
 /// The node service's state, owned by its loop.
@@ -100,7 +113,18 @@ pub struct Service {
     /// The GPUs' CDI spec, as containers get it.
     cdi: CdiSpecs,
     last_checkpoint: std::time::Instant,
+    /// The node, owned (kept for the process's life).
+    lock: NodeLock,
+    /// The frozen list as last written (`None`: not written yet).
+    frozen_saved: Option<Vec<SavedFreezer>>,
+    /// What thaws the frozen list if the service dies; `None` when it could not be (re)started,
+    /// and then nothing is frozen.
+    watchdog: Option<Watchdog>,
 }
+
+/// How long a start waits for the node lock (the watchdog of a service that just died holds it
+/// while it thaws).
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// How often the accounting is saved.
 pub const ACCOUNTING_CHECKPOINT: Duration = Duration::from_secs(1);
@@ -112,13 +136,19 @@ impl Service {
         let found = gpus::discover(&config)?;
         let hierarchies = Hierarchies::of_this_machine()?;
         let state = StateDir::open(&config.service.state_dir)?;
+        // Before any cgroup is touched: a second instance stops here.
+        let lock = state.lock(LOCK_WAIT)?;
         let nvml_loaded = matches!(found.source, GpuSource::Nvml(_));
         let source = ActivitySource::resolve(config.service.activity, nvml_loaded);
-        let node = Node::new(
+        let mut node = Node::new(
             found.gpus.iter().map(|g| g.gpu.clone()).collect(),
             config.scheduler.clone(),
         )
         .map_err(|e| ServiceError::Inventory(e.to_string()))?;
+        // vGPU ids never repeat on a node: above every id given before (saved), and above the
+        // clock in milliseconds (which covers a lost state directory).
+        let saved_next = state.load_accounting().and_then(|a| a.next_vgpu);
+        node.start_ids_at(unix_ms(std::time::SystemTime::now()).max(saved_next.unwrap_or(0)));
         let node_name = if config.service.node_name.is_empty() {
             nix::unistd::gethostname()
                 .ok()
@@ -178,9 +208,68 @@ impl Service {
             cdi,
             last_checkpoint: std::time::Instant::now(),
             config,
+            lock,
+            frozen_saved: None,
+            watchdog: None,
         };
         service.recover()?;
+        let watchdog =
+            Watchdog::spawn(service.state.path(), &service.lock).map_err(ServiceError::Watchdog)?;
+        tracing::info!(
+            "watchdog: pid {}; it thaws what the service froze if the service dies",
+            watchdog.pid()
+        );
+        service.watchdog = Some(watchdog);
         Ok(service)
+    }
+
+    /// Restarts the watchdog if it exited; without one, nothing is frozen.
+    fn keep_watchdog(&mut self) {
+        if !self.watchdog.as_mut().is_none_or(Watchdog::has_exited) {
+            return;
+        }
+        self.watchdog = None;
+        match Watchdog::spawn(self.state.path(), &self.lock) {
+            Ok(w) => {
+                tracing::warn!("watchdog: it was gone; started again as pid {}", w.pid());
+                self.watchdog = Some(w);
+            }
+            Err(e) => {
+                tracing::error!("watchdog: cannot start it ({e}); nothing is frozen until it runs");
+                self.thaw_all();
+            }
+        }
+    }
+
+    /// Writes the frozen list: every cgroup the service froze, and those of `about` (about to be
+    /// frozen), when it changed. False when it could not be written: then nothing more may be
+    /// frozen, since neither the watchdog nor a restart would know to thaw it.
+    fn record_frozen(&mut self, about: &[VgpuId]) -> bool {
+        let mut list: Vec<SavedFreezer> = self
+            .enforced
+            .iter()
+            .filter(|(v, e)| !e.held && (e.frozen_since.is_some() || about.contains(v)))
+            .map(|(_, e)| SavedFreezer::of(&e.cgroup))
+            .collect();
+        list.sort();
+        list.dedup();
+        if self.frozen_saved.as_ref() == Some(&list) {
+            return true;
+        }
+        let saved = SavedFrozen {
+            format: crate::state::FORMAT,
+            frozen: list.clone(),
+        };
+        match self.state.save_frozen(&saved) {
+            Ok(()) => {
+                self.frozen_saved = Some(list);
+                true
+            }
+            Err(e) => {
+                tracing::error!("{e}; nothing is frozen until the frozen list can be written");
+                false
+            }
+        }
     }
 
     /// The scheduler's clock. It starts at `reservation_ttl`, not 0, so that a recovered
@@ -239,6 +328,7 @@ impl Service {
 
     /// Samples activity, and releases containers whose processes are all gone.
     fn sample(&mut self) {
+        self.keep_watchdog();
         let mut exited = Vec::new();
         for (&vgpu, e) in &self.enforced {
             match e.cgroup.is_populated() {
@@ -293,6 +383,7 @@ impl Service {
         let status = self.status();
         let accounting = SavedAccounting {
             format: crate::state::FORMAT,
+            next_vgpu: Some(self.node.next_id()),
             vgpus: status
                 .containers
                 .iter()

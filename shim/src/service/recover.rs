@@ -1,8 +1,12 @@
 //! Starting again from `state_dir`: every saved vGPU whose container still runs is bound again
 //! as it was; every saved container is thawed first (nothing holds a window at start), except a
 //! held one (its user paused it: it stays paused, and rejoins held); what cannot be bound again
-//! (its container is gone, its GPU changed, its memory no longer fits) is dropped with a log
-//! line saying why.
+//! (its container is gone, its GPU changed, its memory no longer fits, its cgroup is not one the
+//! service may freeze) is dropped with a log line saying why.
+//!
+//! Before any record is read, every cgroup of the frozen list is thawed: a record that cannot be
+//! read (torn, garbage, not a regular file) never leaves its container frozen. A saved cgroup is
+//! resolved again and passes the same admission check as at register and attach.
 
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +14,7 @@ use gpuplex_scheduler::accounting::{GpuStats, VgpuStats};
 use gpuplex_scheduler::inventory::Assignment;
 use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::request::VgpuRequest;
-use gpuplex_scheduler::{GpuIndex, VgpuId};
+use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
 use super::enforce::Enforced;
 use super::unstarted::Unstarted;
@@ -20,24 +24,29 @@ use crate::state::{unix_ms, SavedVgpu};
 impl Service {
     /// Recovers the saved registrations.
     pub(super) fn recover(&mut self) -> Result<(), ServiceError> {
+        // Fail open first: whatever gpuplex may have frozen is thawed before anything else. A
+        // held container is frozen by its user, not by gpuplex: it is left as it is (the list
+        // never has it).
+        let thawed = self.thaw_listed();
         let loaded = self.state.load()?;
         for why in &loaded.unreadable {
             tracing::error!("state: {why}");
         }
-        // Fail open first: whatever gpuplex may have frozen is thawed before anything else. A
-        // held container is frozen by its user, not by gpuplex: it is left as it is.
+        // Records written before the frozen list existed: their cgroups too.
         for saved in loaded.vgpus.iter().filter(|s| !s.held) {
-            if let Some(cgroup) = saved.attachment.as_ref().and_then(|a| a.freezer.cgroup()) {
-                if cgroup.path().is_dir() {
-                    if let Err(e) = cgroup.thaw() {
-                        tracing::warn!(
-                            "{}: cannot thaw {}: {e}",
-                            saved.vgpu,
-                            cgroup.path().display()
-                        );
-                    }
+            let Some(a) = &saved.attachment else { continue };
+            if let Ok(cgroup) = a.freezer.resolve(&self.hierarchies) {
+                if let Err(e) = cgroup.thaw() {
+                    tracing::warn!(
+                        "{}: cannot thaw {}: {e}",
+                        saved.vgpu,
+                        cgroup.path().display()
+                    );
                 }
             }
+        }
+        if thawed > 0 {
+            tracing::info!("thawed {thawed} cgroup(s) the last run left on its frozen list");
         }
         let (mut kept, mut dropped) = (0, 0);
         for saved in loaded.vgpus {
@@ -47,13 +56,16 @@ impl Service {
                 Err(why) => {
                     dropped += 1;
                     tracing::warn!("{name}: not recovered: {why}");
-                    if let Err(e) = self.state.remove(&name) {
+                    let removed = name.parse::<VgpuId>().map(|id| self.state.remove(id));
+                    if let Ok(Err(e)) = removed {
                         tracing::error!("{name}: {e}");
                     }
                 }
             }
         }
         self.carry_over_accounting();
+        // Nothing is frozen now: the list says so before the first freeze adds to it.
+        self.record_frozen(&[]);
         if kept + dropped > 0 {
             tracing::info!(
                 "recovered {kept} registration(s) from {}; dropped {dropped}",
@@ -61,6 +73,29 @@ impl Service {
             );
         }
         Ok(())
+    }
+
+    /// Thaws every cgroup of the frozen list (each resolved again: a list names no other
+    /// directory); how many. A list that cannot be read is logged: the records' cgroups are
+    /// thawed next anyway.
+    fn thaw_listed(&self) -> usize {
+        let listed = match self.state.load_frozen() {
+            Ok(frozen) => frozen.frozen,
+            Err(e) => {
+                tracing::error!("state: the frozen list cannot be read ({e}); thawing the records' cgroups instead");
+                return 0;
+            }
+        };
+        let mut thawed = 0;
+        for saved in listed {
+            match saved.resolve(&self.hierarchies).map(|c| c.thaw()) {
+                Ok(Ok(())) => thawed += 1,
+                Ok(Err(e)) if e.is_gone() => {}
+                Ok(Err(e)) => tracing::warn!("cannot thaw {}: {e}", saved.path.display()),
+                Err(why) => tracing::debug!("frozen list: {why}"),
+            }
+        }
+        thawed
     }
 
     /// Gives the recovered vGPUs and the GPUs the accounting they had at the last checkpoint.
@@ -135,9 +170,8 @@ impl Service {
         let (attachment, cgroup) = match &saved.attachment {
             None => (None, None),
             Some(a) => {
-                let cgroup = a.freezer.cgroup().ok_or_else(|| {
-                    format!("freezer version {:?} is not known", a.freezer.version)
-                })?;
+                let cgroup = a.freezer.resolve(&self.hierarchies)?;
+                self.admit(&cgroup)?;
                 if !cgroup.is_populated().unwrap_or(false) {
                     return Err(format!(
                         "{}: its processes are gone ({} is empty or removed)",
@@ -165,8 +199,16 @@ impl Service {
             unix_ms(SystemTime::now()).saturating_sub(saved.reserved_at_unix_ms),
         );
         let now = self.now();
+        // A record from before handles: a new one (its old reservation cannot be attached with
+        // an annotation any more; it lapses, or its attached container goes on).
+        let handle = match saved.handle.as_deref().map(str::parse::<Handle>) {
+            Some(Ok(h)) => h,
+            Some(Err(e)) => return Err(format!("its handle: {e}")),
+            None => super::requests::fresh_handle()?,
+        };
         let record = VgpuRecord {
             id,
+            handle,
             annotations: saved.annotations.clone(),
             assignment: Assignment {
                 vgpu: id,

@@ -2,18 +2,22 @@
 //! saves the result before it answers. A request that fails leaves nothing behind: a
 //! reservation or registration whose record cannot be saved is released again; a hold or unhold
 //! that cannot be saved is refused, and changes nothing.
+//!
+//! A reservation's handle is drawn here, from the kernel's random source, and shown only in the
+//! reply to the request that made it. Every cgroup a request names passes the one
+//! [`crate::cgroup::Admission`] check before anything is bound to it.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
-use gpuplex_scheduler::VgpuId;
+use gpuplex_scheduler::{Handle, VgpuId};
 
 use super::enforce::Enforced;
 use super::unstarted::Unstarted;
 use super::Service;
-use crate::cgroup::FreezerCgroup;
+use crate::cgroup::{Admission, FreezerCgroup};
 use crate::gpus::GpuSource;
 use crate::state::{unix_ms, SavedAttachment, SavedFreezer, SavedGpu, SavedVgpu, FORMAT};
 
@@ -32,11 +36,16 @@ impl Service {
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
             Request::Reserve { annotations } => self.reserve(&annotations),
-            Request::Attach { vgpu, attachment } => self.attach(vgpu, attachment),
+            Request::Attach {
+                handle,
+                attachment,
+                unstarted,
+            } => self.attach(&handle, attachment, unstarted),
             Request::Register {
                 annotations,
                 attachment,
-            } => self.register(&annotations, attachment),
+                unstarted,
+            } => self.register(&annotations, attachment, unstarted),
         }
     }
 
@@ -57,9 +66,13 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
+        let handle = match fresh_handle() {
+            Ok(h) => h,
+            Err(e) => return Reply::error(e),
+        };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let vgpu = match self.node.reserve(pairs, now) {
+        let vgpu = match self.node.reserve(pairs, handle, now) {
             Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
@@ -71,7 +84,7 @@ impl Service {
             return Reply::error(e);
         }
         tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
-        with_cdi(self.reply(vgpu), cdi)
+        new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
     /// The CDI edits for a new vGPU's GPUs; when there are none to be had (a broken spec, one
@@ -90,19 +103,23 @@ impl Service {
         edits
     }
 
-    fn attach(&mut self, vgpu: VgpuId, attachment: Attachment) -> Reply {
-        let attached = self.node.record(vgpu).and_then(|r| r.attachment.as_ref());
-        if attached.is_some_and(|a| a.container == attachment.container) {
-            return self.reply(vgpu);
+    fn attach(&mut self, handle: &Handle, attachment: Attachment, unstarted: bool) -> Reply {
+        let vgpu = self.node.vgpu_with(handle);
+        let attached = vgpu.and_then(|v| self.node.record(v)?.attachment.as_ref());
+        if let (Some(vgpu), Some(a)) = (vgpu, attached) {
+            if a.container == attachment.container {
+                return self.reply(vgpu);
+            }
         }
-        let cgroup = match self.freezer_of(&attachment.target) {
+        let cgroup = match self.admitted_cgroup(&attachment.target) {
             Ok(c) => c,
             Err(e) => return Reply::error(e),
         };
-        if let Err(e) = self.node.attach(vgpu, attachment.clone(), self.now()) {
-            return Reply::error(e);
-        }
-        if let Err(e) = self.enforce(vgpu, cgroup, &attachment) {
+        let vgpu = match self.node.attach(handle, attachment.clone(), self.now()) {
+            Ok(record) => record.id,
+            Err(e) => return Reply::error(e),
+        };
+        if let Err(e) = self.enforce(vgpu, cgroup, &attachment, unstarted) {
             return Reply::error(e);
         }
         self.reply(vgpu)
@@ -112,31 +129,41 @@ impl Service {
         &mut self,
         annotations: &BTreeMap<String, String>,
         attachment: Attachment,
+        unstarted: bool,
     ) -> Reply {
         if let Some(vgpu) = self.node.vgpu_of(&attachment.container) {
-            return self.reply(vgpu);
+            // The same container again (a hook that runs at two stages) gets its vGPU, without
+            // the handle; the same id from another process gets nothing of it.
+            let same = self
+                .node
+                .record(vgpu)
+                .and_then(|r| r.attachment.as_ref())
+                .is_some_and(|a| a.target == attachment.target);
+            return if same {
+                self.reply(vgpu)
+            } else {
+                Reply::error(format!(
+                    "container {} is already attached to {vgpu}, from another process or cgroup",
+                    attachment.container
+                ))
+            };
         }
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let cgroup = match self.freezer_of(&attachment.target) {
+        let cgroup = match self.admitted_cgroup(&attachment.target) {
             Ok(c) => c,
             Err(e) => return Reply::error(e),
         };
-        if let Some(other) = self
-            .enforced
-            .iter()
-            .find(|(_, e)| e.cgroup.path() == cgroup.path())
-        {
-            return Reply::error(format!(
-                "{} is already the cgroup of {} ({}): one cgroup is frozen as one container",
-                cgroup.path().display(),
-                self.container_of(*other.0),
-                other.0
-            ));
-        }
+        let handle = match fresh_handle() {
+            Ok(h) => h,
+            Err(e) => return Reply::error(e),
+        };
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let vgpu = match self.node.register(pairs, attachment.clone(), self.now()) {
+        let registered = self
+            .node
+            .register(pairs, handle, attachment.clone(), self.now());
+        let vgpu = match registered {
             Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
@@ -144,10 +171,10 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::error(refused),
         };
-        if let Err(e) = self.enforce(vgpu, cgroup, &attachment) {
+        if let Err(e) = self.enforce(vgpu, cgroup, &attachment, unstarted) {
             return Reply::error(e);
         }
-        with_cdi(self.reply(vgpu), cdi)
+        new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
     fn release(&mut self, key: &ReleaseKey) -> Reply {
@@ -205,6 +232,10 @@ impl Service {
         let container = self.container_of(vgpu);
         if let Some(e) = self.enforced.get_mut(&vgpu) {
             e.set_held(held);
+        }
+        // A freeze of the service's became its user's pause: the watchdog must not undo it.
+        self.record_frozen(&[]);
+        if let Some(e) = self.enforced.get(&vgpu) {
             let frozen = e.cgroup.is_frozen().unwrap_or(false);
             if held {
                 tracing::info!(
@@ -223,12 +254,31 @@ impl Service {
         self.reply(vgpu)
     }
 
-    fn freezer_of(&self, target: &Target) -> Result<FreezerCgroup, String> {
+    /// The freezer cgroup of a target, when the service may freeze it as a container's
+    /// ([`crate::cgroup::Admission`]: the same check at register, attach and recovery).
+    pub(super) fn admitted_cgroup(&self, target: &Target) -> Result<FreezerCgroup, String> {
         let found = match target {
             Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
             Target::Cgroup(path) => FreezerCgroup::at(path.as_ref(), &self.hierarchies),
         };
-        found.map_err(|e| e.to_string())
+        let cgroup = found.map_err(|e| e.to_string())?;
+        self.admit(&cgroup)?;
+        Ok(cgroup)
+    }
+
+    /// [`crate::cgroup::Admission::check`] against every cgroup enforced now.
+    pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
+        let enforced = self.enforced.iter().map(|(v, e)| {
+            let name = match self.node.record(*v).and_then(|r| r.attachment.as_ref()) {
+                Some(a) => format!("{v} (container {})", a.container),
+                None => v.to_string(),
+            };
+            (name, &e.cgroup)
+        });
+        let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
+        let admission = Admission::of_processes(&self.hierarchies, &watchdog)
+            .map_err(|e| format!("cannot tell the node service's own cgroups: {e}"))?;
+        admission.check(cgroup, enforced).map_err(|e| e.to_string())
     }
 
     /// Enforces an attached vGPU from now on and saves it; on failure it is released (see
@@ -238,12 +288,14 @@ impl Service {
         vgpu: VgpuId,
         cgroup: FreezerCgroup,
         attachment: &Attachment,
+        unstarted: bool,
     ) -> Result<(), String> {
         let mut enforced = Enforced::new(cgroup.clone());
-        // Every attach (podman's createRuntime, runc's createRuntime or prestart, the shim
-        // after `runc create`) comes before the container starts.
-        if let Target::Pid(pid) = attachment.target {
-            enforced.unstarted = Unstarted::of(pid);
+        // A container attached between its runtime's `create` and `start` (podman's and runc's
+        // createRuntime hook, the shim) is not sampled before it starts; a running process
+        // (`gpuplexctl register --pid`) is sampled at once.
+        if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
+            enforced.unstarted = Unstarted::of(*pid);
         }
         self.enforced.insert(vgpu, enforced);
         if let Err(e) = self.save(vgpu, Some(&cgroup)) {
@@ -282,7 +334,7 @@ impl Service {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
-                let _ = self.state.remove(&vgpu.to_string());
+                let _ = self.state.remove(vgpu);
                 tracing::error!("{vgpu}: {e}");
                 Err(format!(
                     "{e}; nothing was reserved, since a restart would have lost it"
@@ -349,6 +401,7 @@ fn saved_vgpu(
     SavedVgpu {
         format: FORMAT,
         vgpu: record.id.to_string(),
+        handle: Some(record.handle.to_string()),
         annotations: record.annotations.clone(),
         gpus: record
             .assignment
@@ -380,10 +433,20 @@ fn saved_vgpu(
     }
 }
 
-/// A reply for a new vGPU, with its CDI edits.
-fn with_cdi(mut reply: Reply, cdi: Option<serde_json::Value>) -> Reply {
+/// The reply to the request that made a vGPU: with its handle and its CDI edits.
+fn new_vgpu(mut reply: Reply, handle: Handle, cdi: Option<serde_json::Value>) -> Reply {
     if let Some(vgpu) = &mut reply.vgpu {
+        vgpu.handle = Some(handle.to_string());
         vgpu.cdi = cdi;
     }
     reply
+}
+
+/// A new reservation's handle: 128 bits from the kernel's random source.
+pub(super) fn fresh_handle() -> Result<Handle, String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        format!("cannot draw a reservation handle from the kernel's random source: {e}")
+    })?;
+    Ok(Handle::from_bytes(bytes))
 }

@@ -14,7 +14,7 @@ use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
 use super::spawner::ReapedSpawner;
 use super::stdio::{PendingStdio, StdioPaths};
-use super::vgpu::NodeLink;
+use super::vgpu::{NodeLink, Reserved};
 use crate::cgroup::{FreezerCgroup, Hierarchies};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
@@ -32,7 +32,7 @@ pub struct Container {
     /// Its exec processes, by exec id.
     pub execs: HashMap<String, Process>,
     /// Its vGPU's id, if it asked for one.
-    pub vgpu: Option<String>,
+    pub vgpu: Option<Reserved>,
     /// Whether the shim mounted its rootfs (and so unmounts it).
     mounted_rootfs: bool,
     /// The `CUDA_VISIBLE_DEVICES=...` entry its vGPU gave its init, which its execs get too
@@ -143,7 +143,7 @@ impl Container {
             container.undo(node);
             return Err(e);
         }
-        if let Some(vgpu) = container.vgpu.clone() {
+        if let Some(vgpu) = container.vgpu {
             if let Err(why) = node.attach(&vgpu, &container.id, container.init.pid) {
                 let _ = container
                     .runc
@@ -418,8 +418,8 @@ impl Container {
             io.close_stdin();
         }
         self.unmount();
-        if self.vgpu.take().is_some() {
-            node.release(&self.id);
+        if let Some(reserved) = self.vgpu.take() {
+            node.release(&reserved);
         }
         match self.init.lifecycle.get() {
             Lifecycle::Stopped { status, at } => (status, at),

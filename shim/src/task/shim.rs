@@ -101,7 +101,7 @@ impl Shim for GpuplexShim {
         if Path::new(&rootfs).exists() {
             let _ = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0);
         }
-        NodeLink::from_env().release(&self.id);
+        NodeLink::from_env().release_container(&self.id);
         Ok(DeleteResponse {
             pid: 0,
             exit_status: 128 + libc::SIGKILL as u32,

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use gpuplex_hook::client::{config_path, NodeClient, CONFIG_ENV};
 use gpuplex_hook::identity::{self, Identity};
-use gpuplex_hook::stages::{self, HookContext};
-use gpuplex_scheduler::request::VGPU_ID;
-use serde_json::{json, Value};
+use gpuplex_hook::stages::{self, HookContext, Prepared};
+use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::{Handle, VgpuId};
+use serde_json::Value;
 
 /// How CRI marks a pod's sandbox (pause) container, which carries the pod's annotations too
 /// but runs no GPU work: it gets no vGPU.
@@ -24,6 +25,15 @@ pub fn is_sandbox(config: &[u8]) -> bool {
     serde_json::from_slice::<Value>(config)
         .map(|c| c["annotations"][CONTAINER_TYPE] == "sandbox")
         .unwrap_or(false)
+}
+
+/// A container's vGPU, as the shim holds it from `Create` to `Delete`.
+#[derive(Clone, Copy, Debug)]
+pub struct Reserved {
+    /// Its id.
+    pub vgpu: VgpuId,
+    /// The handle it was reserved with: what attaches and releases it.
+    pub handle: Handle,
 }
 
 /// How long a node service started by the shim has to answer.
@@ -60,8 +70,8 @@ impl NodeLink {
     }
 
     /// If `bundle`'s config.json asks for a vGPU: reserves one, edits config.json in place and
-    /// returns the vGPU's id. A config without a `gpuplex.io/` annotation is not touched.
-    pub fn prepare(&self, bundle: &Path) -> Result<Option<String>, String> {
+    /// returns the reservation. A config without a `gpuplex.io/` annotation is not touched.
+    pub fn prepare(&self, bundle: &Path) -> Result<Option<Reserved>, String> {
         let path = bundle.join("config.json");
         let proposed =
             std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -70,32 +80,34 @@ impl NodeLink {
         }
         let ctx = self.ctx()?;
         self.ensure_service(ctx)?;
-        let edited = stages::precreate(ctx, &proposed).map_err(|e| e.message)?;
-        let vgpu = serde_json::from_slice::<Value>(&edited)
-            .ok()
-            .and_then(|c| c["annotations"][VGPU_ID].as_str().map(str::to_owned))
-            .ok_or_else(|| "the edited spec has no vGPU id".to_owned())?;
+        let Some(Prepared {
+            config,
+            vgpu,
+            handle,
+        }) = stages::prepare(ctx, &proposed).map_err(|e| e.message)?
+        else {
+            return Ok(None);
+        };
+        let reserved = Reserved { vgpu, handle };
         let temp = bundle.join(".config.json.gpuplex");
-        let written = std::fs::write(&temp, &edited).and_then(|()| std::fs::rename(&temp, &path));
+        let written = std::fs::write(&temp, &config).and_then(|()| std::fs::rename(&temp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&temp);
-            self.release(&vgpu);
+            self.release(&reserved);
             return Err(format!("cannot write {}: {e}", path.display()));
         }
-        Ok(Some(vgpu))
+        Ok(Some(reserved))
     }
 
-    /// Attaches container `id`, whose init is `pid`, to its reservation `vgpu`.
-    pub fn attach(&self, vgpu: &str, id: &str, pid: u32) -> Result<(), String> {
+    /// Attaches container `id`, whose init is `pid` (created, not started), to its reservation.
+    pub fn attach(&self, reserved: &Reserved, id: &str, pid: u32) -> Result<(), String> {
         let ctx = self.ctx()?;
         let mut client = NodeClient::connect(&ctx.socket).map_err(|e| e.to_string())?;
-        let reply = client
-            .request(&json!({"op": "attach", "vgpu": vgpu, "container": id, "pid": pid}))
+        let vgpu = client
+            .attach(&reserved.handle, id, pid, true)
             .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))?;
         // The identity now names its container, as under podman.
-        if let Some(v) = reply.vgpu {
-            let _ = identity::write(&ctx.identity_dir, &Identity::of(&v, &ctx.node));
-        }
+        let _ = identity::write(&ctx.identity_dir, &Identity::of(&vgpu, &ctx.node));
         Ok(())
     }
 
@@ -103,21 +115,35 @@ impl NodeLink {
     /// lets it back in.
     pub fn hold(&self, id: &str, held: bool) -> Result<(), String> {
         let mut client = NodeClient::connect(&self.ctx()?.socket).map_err(|e| e.to_string())?;
-        client.hold(id, held).map(drop).map_err(|e| {
+        let key = ReleaseKey::Container(id.to_owned());
+        client.hold(&key, held).map(drop).map_err(|e| {
             let what = if held { "hold" } else { "let go of" };
             format!("the gpuplex node service did not {what} {id}: {e}")
         })
     }
 
-    /// Releases the vGPU of `key` (a container or vGPU id); best effort: the service also
+    /// Releases a container's reservation, by its handle; best effort: the service also
     /// releases a container whose processes are gone.
-    pub fn release(&self, key: &str) {
+    pub fn release(&self, reserved: &Reserved) {
         let Ok(ctx) = self.ctx() else { return };
         let Ok(mut client) = NodeClient::connect(&ctx.socket) else {
             return;
         };
-        if let Ok(Some(vgpu)) = client.release(key) {
-            let _ = identity::remove(&ctx.identity_dir, &vgpu.id);
+        if let Ok(Some(_)) = client.release(&ReleaseKey::Handle(reserved.handle)) {
+            let _ = identity::remove(&ctx.identity_dir, reserved.vgpu);
+        }
+    }
+
+    /// Releases the vGPU of container `id` (the shim's `delete` after its daemon died, when
+    /// the handle died with it); best effort.
+    pub fn release_container(&self, id: &str) {
+        let Ok(ctx) = self.ctx() else { return };
+        let Ok(mut client) = NodeClient::connect(&ctx.socket) else {
+            return;
+        };
+        let released = client.release(&ReleaseKey::Container(id.to_owned()));
+        if let Some(vgpu) = released.ok().flatten().and_then(|v| v.id.parse().ok()) {
+            let _ = identity::remove(&ctx.identity_dir, vgpu);
         }
     }
 

@@ -158,6 +158,23 @@ impl NodeService {
         self.child.as_ref().unwrap().id()
     }
 
+    /// The pid of the watchdog the running service started (from its log).
+    pub fn watchdog_pid(&self) -> u32 {
+        let log = self.log_text();
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("watchdog: pid ") || l.contains("started again as pid "))
+            .unwrap_or_else(|| panic!("no watchdog in the log: {log}"));
+        let after = line.rsplit("pid ").next().unwrap();
+        after
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -266,6 +283,34 @@ impl TestCgroup {
             path,
             version,
             children: Vec::new(),
+        }
+    }
+
+    /// A cgroup inside `parent`.
+    pub fn nested(parent: &TestCgroup, name: &str) -> TestCgroup {
+        let path = parent.path.join(name);
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        TestCgroup {
+            path,
+            version: parent.version,
+            children: Vec::new(),
+        }
+    }
+
+    /// Moves a process into the cgroup.
+    pub fn adopt(&self, pid: u32) {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("move {pid} into {}: {e}", self.path.display()));
+    }
+
+    /// Moves a process back to the hierarchy's root cgroup.
+    pub fn release(&self, pid: u32) {
+        let root = self.path.ancestors().find(|p| {
+            p.parent()
+                .is_some_and(|up| !up.join("cgroup.procs").exists())
+        });
+        if let Some(root) = root {
+            let _ = std::fs::write(root.join("cgroup.procs"), pid.to_string());
         }
     }
 
