@@ -214,6 +214,19 @@ impl NodeClient {
         Ok(self.request(&hold_request(key, held))?.vgpu)
     }
 
+    /// Says that the container of `key` is being sent `signal` (`SIGTERM`, `SIGINT`, `SIGQUIT`
+    /// or `SIGKILL`): the service thaws it and keeps it out of windows while it stops.
+    pub fn stopping(
+        &mut self,
+        key: &ReleaseKey,
+        signal: &str,
+    ) -> Result<Option<VgpuReply>, ClientError> {
+        let mut request = release_request(key);
+        request["op"] = json!("stopping");
+        request["signal"] = json!(signal);
+        Ok(self.request(&request)?.vgpu)
+    }
+
     fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {
         let mut line = Vec::new();
         let limit = MAX_REPLY as u64 + 1;

@@ -7,6 +7,7 @@
 //! | `policy` | `"spread"` | `"spread"` or `"pack"` |
 //! | `memory_overcommit` | `1.0` | a number above 0, at most 100 |
 //! | `reservation_ttl` | `"60s"` | a duration above 0 |
+//! | `stop_grace` | `"30s"` | a duration above 0, at most `1h` |
 //!
 //! The documented defaults live in `config/gpuplex.toml`; a test holds them equal to
 //! [`SchedulerConfig::default`].
@@ -38,6 +39,11 @@ pub struct SchedulerConfig {
     /// within this.
     #[serde(with = "crate::time::serde_duration")]
     pub reservation_ttl: Duration,
+    /// A container with a pending SIGTERM, SIGINT or SIGQUIT is thawed and kept out of windows
+    /// for this long, once (its graceful shutdown; Kubernetes' default grace is 30 s); one with
+    /// a pending SIGKILL until it exits.
+    #[serde(with = "crate::time::serde_duration")]
+    pub stop_grace: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -48,6 +54,7 @@ impl Default for SchedulerConfig {
             policy: AssignmentPolicy::Spread,
             memory_overcommit: 1.0,
             reservation_ttl: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(30),
         }
     }
 }
@@ -124,6 +131,13 @@ impl SchedulerConfig {
                 "scheduler.reservation_ttl",
                 self.reservation_ttl,
                 "a duration above 0, like \"60s\"",
+            ));
+        }
+        if self.stop_grace.is_zero() || self.stop_grace > HOUR {
+            return Err(duration(
+                "scheduler.stop_grace",
+                self.stop_grace,
+                "a duration above 0 and at most 1h, like \"30s\"",
             ));
         }
         Ok(())
@@ -205,13 +219,14 @@ mod tests {
     #[test]
     fn every_key_is_read() {
         let text = "[scheduler]\nslice = \"50ms\"\nidle_grace = \"1s\"\npolicy = \"pack\"\n\
-                    memory_overcommit = 2\nreservation_ttl = \"5m\"\n";
+                    memory_overcommit = 2\nreservation_ttl = \"5m\"\nstop_grace = \"2m\"\n";
         let expected = SchedulerConfig {
             slice: Duration::from_millis(50),
             idle_grace: Duration::from_secs(1),
             policy: AssignmentPolicy::Pack,
             memory_overcommit: 2.0,
             reservation_ttl: Duration::from_secs(300),
+            stop_grace: Duration::from_secs(120),
         };
         assert_eq!(SchedulerConfig::from_toml(text), Ok(expected.clone()));
         let dotted = "scheduler.policy = \"pack\"\nscheduler.slice = \"50ms\"\n";
@@ -248,6 +263,8 @@ mod tests {
             ("memory_overcommit = nan", "scheduler.memory_overcommit = nan is not accepted"),
             ("memory_overcommit = inf", "scheduler.memory_overcommit = inf is not accepted"),
             (r#"reservation_ttl = "0s""#, r#"scheduler.reservation_ttl = "0s" is not accepted: a duration above 0, like "60s""#),
+            (r#"stop_grace = "0s""#, r#"scheduler.stop_grace = "0s" is not accepted: a duration above 0 and at most 1h, like "30s""#),
+            (r#"stop_grace = "2h""#, r#"scheduler.stop_grace = "2h" is not accepted"#),
             // Values of the wrong form: where they are, which key, what is accepted.
             (r#"slice = "200""#, r#"line 3 (scheduler.slice): `200` is not a duration: write a number and a unit"#),
             ("slice = 200", "line 3 (scheduler.slice): invalid type: integer `200`, expected a string"),
@@ -273,6 +290,8 @@ mod tests {
             ("memory_overcommit", "100"),
             ("memory_overcommit", "0.01"),
             ("reservation_ttl", "\"1ns\""),
+            ("stop_grace", "\"1ns\""),
+            ("stop_grace", "\"1h\""),
         ];
         for (key, value) in cases {
             let text = format!("[scheduler]\n{key} = {value}\n");

@@ -456,6 +456,18 @@ impl Node {
         Ok(vgpu)
     }
 
+    /// Says that an attached vGPU's container has a stop signal pending (see
+    /// [`WindowScheduler::stop`]): the thaw order to carry out, if it was frozen.
+    pub fn stopping(
+        &mut self,
+        vgpu: VgpuId,
+        signal: crate::windows::StopSignal,
+        now: Instant,
+    ) -> Option<Action> {
+        self.unsampled.remove(&vgpu);
+        self.windows.stop(vgpu, signal, now)
+    }
+
     /// Whether a vGPU's container is held ([`Node::hold`]).
     pub fn is_held(&self, vgpu: VgpuId) -> bool {
         self.windows.is_held(vgpu)

@@ -8,8 +8,13 @@
 //! {"op":"release","handle":"<32 hex digits>"}     (or "container":"c0ffee", or "vgpu":"vgpu-1")
 //! {"op":"hold","container":"c0ffee"}               (or "vgpu":"vgpu-1")
 //! {"op":"unhold","container":"c0ffee"}             (or "vgpu":"vgpu-1")
+//! {"op":"stopping","container":"c0ffee","signal":"SIGTERM"}   (SIGTERM, SIGINT, SIGQUIT or SIGKILL)
 //! {"op":"status"}
 //! ```
+//!
+//! `stopping` says a container is being sent a stop signal (the containerd shim's `Kill`): it
+//! is thawed and kept out of windows so that the signal is taken (see
+//! [`crate::windows::WindowScheduler::stop`]).
 //!
 //! `reserve` (and a `register` that reserves) answers with the new vGPU's `handle`: the only
 //! thing `attach` accepts, and what a hook or the shim releases with when it undoes its own
@@ -41,14 +46,15 @@ use serde_json::Value;
 
 use crate::node::{Attachment, Node, NodeError, NodeStatus, ReleaseKey, Target, VgpuRecord};
 use crate::request::Priority;
+use crate::windows::StopSignal;
 use crate::{Handle, Instant, VgpuId};
 
 /// The longest request line accepted, in bytes (without its newline).
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 7] = [
-    "reserve", "attach", "register", "release", "hold", "unhold", "status",
+pub const OPERATIONS: [&str; 8] = [
+    "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "status",
 ];
 
 /// A request on the node socket.
@@ -86,6 +92,13 @@ pub enum Request {
         /// `hold` (true) or `unhold` (false).
         held: bool,
     },
+    /// The container is being sent a stop signal.
+    Stopping {
+        /// The container, or its vGPU.
+        key: ReleaseKey,
+        /// Which.
+        signal: StopSignal,
+    },
     /// The node's status.
     Status,
 }
@@ -105,7 +118,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {0}")]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, status")]
+    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, status")]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {message}")]
@@ -269,7 +282,15 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                 unstarted: f.unstarted,
             })
         }
-        "release" | "hold" | "unhold" => {
+        "release" | "hold" | "unhold" | "stopping" => {
+            let mut rest = rest;
+            let signal = match op {
+                "stopping" => {
+                    let signal = rest.as_object_mut().and_then(|o| o.remove("signal"));
+                    Some(stop_signal(signal).map_err(field)?)
+                }
+                _ => None,
+            };
             let f: ReleaseFields =
                 serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
             let key = match (f.vgpu, f.container, f.handle) {
@@ -286,8 +307,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                     ))
                 }
             };
-            Ok(match op {
-                "release" => Request::Release(key),
+            Ok(match (op, signal) {
+                ("release", _) => Request::Release(key),
+                (_, Some(signal)) => Request::Stopping { key, signal },
                 _ => Request::Hold {
                     key,
                     held: op == "hold",
@@ -298,6 +320,18 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
             serde_json::from_value::<StatusFields>(rest).map_err(|e| field(e.to_string()))?;
             Ok(Request::Status)
         }
+    }
+}
+
+/// The `signal` of a `stopping` request.
+fn stop_signal(value: Option<Value>) -> Result<StopSignal, String> {
+    match value.as_ref().and_then(Value::as_str) {
+        Some("SIGTERM" | "SIGINT" | "SIGQUIT") => Ok(StopSignal::Graceful),
+        Some("SIGKILL") => Ok(StopSignal::Kill),
+        Some(other) => Err(format!(
+            "signal `{other}` is not a stop signal: expected SIGTERM, SIGINT, SIGQUIT or SIGKILL"
+        )),
+        None => Err("missing field `signal` (SIGTERM, SIGINT, SIGQUIT or SIGKILL)".into()),
     }
 }
 
@@ -423,6 +457,12 @@ impl Node {
             }
             Request::Hold { key, held } => {
                 let result = self.hold(&key, held, now);
+                done(self, result)
+            }
+            Request::Stopping { key, signal } => {
+                let result = self.attached(&key).inspect(|&v| {
+                    self.stopping(v, signal, now);
+                });
                 done(self, result)
             }
             Request::Status => Reply {

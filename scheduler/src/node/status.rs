@@ -72,6 +72,9 @@ pub enum ContainerState {
     Idle,
     /// Paused by its user (held): the scheduler leaves it alone until it is resumed.
     Paused,
+    /// A stop signal is pending: thawed and out of windows until it exits (or its graceful
+    /// stop's grace ends).
+    Stopping,
 }
 
 impl ContainerState {
@@ -82,6 +85,7 @@ impl ContainerState {
             ContainerState::Frozen => "frozen",
             ContainerState::Idle => "idle",
             ContainerState::Paused => "paused",
+            ContainerState::Stopping => "stopping",
         }
     }
 }
@@ -197,6 +201,7 @@ impl Node {
             let view = self.windows.vgpu(r.id);
             let state = match &view {
                 Some(v) if v.state == RunState::Held => ContainerState::Paused,
+                Some(v) if v.state == RunState::Stopping => ContainerState::Stopping,
                 Some(v) if v.state == RunState::Frozen => ContainerState::Frozen,
                 Some(v) if v.has_work => ContainerState::Running,
                 _ => ContainerState::Idle,

@@ -102,6 +102,20 @@ fn every_request_form_reads() {
                 held: false,
             },
         ),
+        (
+            r#"{"op":"stopping","container":"c1","signal":"SIGTERM"}"#,
+            Request::Stopping {
+                key: ReleaseKey::Container("c1".into()),
+                signal: StopSignal::Graceful,
+            },
+        ),
+        (
+            r#"{"op":"stopping","vgpu":"vgpu-2","signal":"SIGKILL"}"#,
+            Request::Stopping {
+                key: ReleaseKey::Vgpu(VgpuId(2)),
+                signal: StopSignal::Kill,
+            },
+        ),
         (r#" {"op":"status"} "#, Request::Status),
     ];
     for (line, expected) in cases {
@@ -205,8 +219,20 @@ fn every_malformed_line_gets_its_own_one_line_error() {
             "unhold: unknown field `held`",
         ),
         (
+            br#"{"op":"stopping","container":"c"}"#,
+            "stopping: missing field `signal`",
+        ),
+        (
+            br#"{"op":"stopping","container":"c","signal":"SIGHUP"}"#,
+            "stopping: signal `SIGHUP` is not a stop signal",
+        ),
+        (
+            br#"{"op":"release","container":"c","signal":"SIGKILL"}"#,
+            "release: unknown field `signal`",
+        ),
+        (
             br#"{"op":"pause","container":"c"}"#,
-            "one of reserve, attach, register, release, hold, unhold, status",
+            "one of reserve, attach, register, release, hold, unhold, stopping, status",
         ),
     ];
     for (line, expected) in cases {

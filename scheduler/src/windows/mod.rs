@@ -36,14 +36,19 @@
 //!   at once, as when work ends; a reservation for it is dropped), and no order names it until it
 //!   is released (`unhold`). Its container is then running (its user resumed it): it rejoins
 //!   thawed and without work, and its next sample showing work queues it like any arrival.
+//! - **Stopping.** A vGPU whose container has a stop signal pending ([`WindowScheduler::stop`])
+//!   is thawed (the one order that names it) and takes no part, as a held one: for
+//!   `stop_grace` after a SIGTERM, SIGINT or SIGQUIT, once in its life, so that its graceful
+//!   shutdown runs; until it is unbound after a SIGKILL. Once only: signals that a container
+//!   has sent to itself (from a sibling container, say) cannot keep it out of windows.
 //!
 //! Every public method takes `now`; the caller passes a non-decreasing clock (an earlier `now`
 //! is read as the latest one seen). Nothing here panics on any sequence of calls.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use state::{end_wait, BuildVgpuHasher, GpuState, VgpuState, VirtualTime};
+use state::{end_wait, BuildVgpuHasher, GpuState, Stopping, VgpuState, VirtualTime};
 
 use crate::accounting::{GpuStats, VgpuStats};
 use crate::config::SchedulerConfig;
@@ -106,6 +111,15 @@ pub enum BindError {
     BadWeight(u32),
 }
 
+/// A stop signal pending in a vGPU's container ([`WindowScheduler::stop`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGTERM, SIGINT or SIGQUIT: a graceful shutdown, which may take `stop_grace`.
+    Graceful,
+    /// SIGKILL: the container dies as soon as it runs.
+    Kill,
+}
+
 /// Whether a vGPU's container is running or frozen, as far as the scheduler is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {
@@ -116,6 +130,8 @@ pub enum RunState {
     /// Held: its user paused it. The scheduler neither freezes nor thaws it, and counts it as
     /// having no work, until it is released ([`WindowScheduler::hold`]).
     Held,
+    /// Stopping: a stop signal is pending; running, out of windows ([`WindowScheduler::stop`]).
+    Stopping,
 }
 
 /// A read-only view of one vGPU.
@@ -153,6 +169,9 @@ pub struct GpuView {
 pub struct WindowScheduler {
     slice: Duration,
     idle_grace: Duration,
+    stop_grace: Duration,
+    /// When the graceful stops in force end, earliest first.
+    stops_ending: BTreeSet<(Instant, VgpuId)>,
     /// Sorted by index.
     gpus: Vec<GpuState>,
     vgpus: HashMap<VgpuId, VgpuState, BuildVgpuHasher>,
@@ -173,6 +192,8 @@ impl WindowScheduler {
         WindowScheduler {
             slice: config.slice,
             idle_grace: config.idle_grace,
+            stop_grace: config.stop_grace,
+            stops_ending: BTreeSet::new(),
             gpus: indexes
                 .into_iter()
                 .map(|index| GpuState {
@@ -225,6 +246,8 @@ impl WindowScheduler {
                 positions,
                 frozen: false,
                 held: false,
+                stopping: None,
+                stopped_once: false,
                 has_work: false,
                 last_work: now,
                 window_end: None,
@@ -244,6 +267,9 @@ impl WindowScheduler {
     pub fn unbind(&mut self, vgpu: VgpuId, now: Instant) -> Option<Unbound> {
         let now = self.advance(now);
         let mut state = self.vgpus.remove(&vgpu)?;
+        if let Some(Stopping::Until(at)) = state.stopping {
+            self.stops_ending.remove(&(at, vgpu));
+        }
         for &p in &state.positions {
             let gpu = &mut self.gpus[p];
             gpu.bound.retain(|&v| v != vgpu);
@@ -272,7 +298,7 @@ impl WindowScheduler {
         let Some(state) = self.vgpus.get_mut(&vgpu) else {
             return false;
         };
-        if state.frozen || state.held {
+        if state.frozen || state.held || state.stopping.is_some() {
             return true;
         }
         let thawed_at = state.thawed_at.take();
@@ -315,13 +341,57 @@ impl WindowScheduler {
             return true;
         }
         state.held = held;
-        state.frozen = false;
-        state.thawed_at = None;
-        if !held {
-            state.has_work = false;
-            state.last_work = now;
+        if state.stopping.is_some() {
+            // Out of windows already, and until its stop ends: only the flag changes.
+            state.frozen = false;
             return true;
         }
+        if held {
+            self.leave(vgpu, now);
+        } else {
+            self.rejoin(vgpu, now);
+        }
+        true
+    }
+
+    /// Says that `vgpu`'s container has a stop signal pending: it is thawed (the order returned,
+    /// when it was frozen) and takes no part in scheduling, as a held vGPU: after a
+    /// [`StopSignal::Graceful`] for `stop_grace`, once in its life (a later one changes
+    /// nothing), after a [`StopSignal::Kill`] until it is unbound. A held vGPU is marked only:
+    /// its user's pause stays. `None` for an unknown vGPU, or when nothing is to be thawed.
+    pub fn stop(&mut self, vgpu: VgpuId, signal: StopSignal, now: Instant) -> Option<Action> {
+        let now = self.advance(now);
+        let grace = self.stop_grace;
+        let state = self.vgpus.get_mut(&vgpu)?;
+        let stopping = match (signal, state.stopping, state.stopped_once) {
+            (_, Some(Stopping::UntilUnbound), _) => return None,
+            (StopSignal::Kill, _, _) => Stopping::UntilUnbound,
+            (StopSignal::Graceful, None, false) => Stopping::Until(now + grace),
+            (StopSignal::Graceful, _, _) => return None,
+        };
+        let out_already = state.held || state.stopping.is_some();
+        if let Some(Stopping::Until(at)) = state.stopping {
+            self.stops_ending.remove(&(at, vgpu));
+        }
+        if let Stopping::Until(at) = stopping {
+            self.stops_ending.insert((at, vgpu));
+        }
+        state.stopping = Some(stopping);
+        state.stopped_once = true;
+        if out_already {
+            return None;
+        }
+        let thaw = state.frozen.then_some(Action::Thaw(vgpu));
+        self.leave(vgpu, now);
+        thaw
+    }
+
+    /// Takes a vGPU out of scheduling (held, stopping): unfrozen as far as the scheduler knows,
+    /// without work, holding no window and no reservation, and no longer waiting.
+    fn leave(&mut self, vgpu: VgpuId, now: Instant) {
+        let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
+        state.frozen = false;
+        state.thawed_at = None;
         end_wait(state, now);
         let holds_window = state.window_end.is_some();
         if state.has_work {
@@ -336,7 +406,33 @@ impl WindowScheduler {
                 self.gpus[p].reserved_for = None;
             }
         }
-        true
+    }
+
+    /// Brings a vGPU back into scheduling, running and without work (its user resumed it, its
+    /// graceful stop ended): its next sample showing work queues it like any arrival.
+    fn rejoin(&mut self, vgpu: VgpuId, now: Instant) {
+        let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
+        state.frozen = false;
+        state.thawed_at = None;
+        state.has_work = false;
+        state.last_work = now;
+    }
+
+    /// Ends the graceful stops whose `stop_grace` has passed.
+    fn end_stops(&mut self, now: Instant) {
+        while let Some(&(at, vgpu)) = self.stops_ending.first() {
+            if now < at {
+                break;
+            }
+            self.stops_ending.pop_first();
+            let Some(state) = self.vgpus.get_mut(&vgpu) else {
+                continue;
+            };
+            state.stopping = None;
+            if !state.held {
+                self.rejoin(vgpu, now);
+            }
+        }
     }
 
     /// Whether a vGPU is held ([`WindowScheduler::hold`]); false for an unknown one.
@@ -347,6 +443,7 @@ impl WindowScheduler {
     /// Decides who runs now: the freeze and thaw orders to carry out, and when to decide again.
     pub fn decide(&mut self, now: Instant) -> Decision {
         let now = self.advance(now);
+        self.end_stops(now);
         self.expire_work(now);
         for gpu in &mut self.gpus {
             let has = |p| {
@@ -381,6 +478,8 @@ impl WindowScheduler {
             binding: state.binding.clone(),
             state: if state.held {
                 RunState::Held
+            } else if state.stopping.is_some() {
+                RunState::Stopping
             } else if state.frozen {
                 RunState::Frozen
             } else {

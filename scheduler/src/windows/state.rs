@@ -42,6 +42,10 @@ pub(super) struct VgpuState {
     pub(super) frozen: bool,
     /// Its user paused it: it has no work, holds no window and gets no order.
     pub(super) held: bool,
+    /// A stop signal is pending in its container: out of windows, as a held one.
+    pub(super) stopping: Option<Stopping>,
+    /// It has had a graceful stop already (it gets one).
+    pub(super) stopped_once: bool,
     pub(super) has_work: bool,
     pub(super) last_work: Instant,
     pub(super) window_end: Option<Instant>,
@@ -56,6 +60,15 @@ pub(super) struct VgpuState {
     /// received there.
     pub(super) virtual_times: Vec<VirtualTime>,
     pub(super) stats: VgpuStats,
+}
+
+/// How long a stopping vGPU stays out of windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stopping {
+    /// Until this instant (a graceful stop's `stop_grace`).
+    Until(Instant),
+    /// Until it is unbound (its container was sent SIGKILL).
+    UntilUnbound,
 }
 
 /// GPU time received on one GPU divided by weight (scaled by `VIRTUAL_SCALE`).

@@ -883,3 +883,75 @@ proptest::proptest! {
         }
     }
 }
+
+impl Node {
+    /// Says at `ms` that `id`'s container has `signal` pending, and carries out the thaw.
+    fn stop(&mut self, id: u64, signal: StopSignal, ms: u64) -> Option<Action> {
+        self.now = ms;
+        let thaw = self.s.stop(v(id), signal, at(ms));
+        self.apply(thaw.as_slice());
+        thaw
+    }
+}
+
+#[test]
+fn a_frozen_vgpu_with_a_graceful_stop_pending_runs_its_grace_out_of_windows_once() {
+    let mut n = Node::new(1);
+    // 1 is high priority: 2 is frozen for as long as 1 works.
+    n.bind(1, &[0], 1, Priority::High);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.run(0, 500, |_, _| true);
+    assert_eq!(n.frozen(), vec![2]);
+    // SIGTERM to 2 (podman stop): thawed at once, out of windows, for stop_grace (30 s).
+    assert_eq!(
+        n.stop(2, StopSignal::Graceful, 500),
+        Some(Action::Thaw(v(2)))
+    );
+    assert_eq!(n.s.vgpu(v(2)).unwrap().state, RunState::Stopping);
+    n.run(500, 30_000, |_, _| true);
+    assert!(
+        n.frozen().is_empty(),
+        "stopping: never frozen again within its grace"
+    );
+    // A second graceful stop is no new grace; its grace ends, and it is windowed again.
+    assert_eq!(n.stop(2, StopSignal::Graceful, 30_000), None);
+    n.run(30_000, 30_600, |_, _| true);
+    assert_eq!(n.frozen(), vec![2], "its grace over, it waits for 1 again");
+    assert_eq!(n.stop(2, StopSignal::Graceful, 30_600), None, "once only");
+    assert_eq!(n.frozen(), vec![2]);
+    // SIGKILL: out of windows until it is unbound.
+    assert_eq!(
+        n.stop(2, StopSignal::Kill, 30_650),
+        Some(Action::Thaw(v(2)))
+    );
+    n.run(30_650, 120_000, |_, _| true);
+    assert!(n.frozen().is_empty());
+    assert_eq!(n.s.vgpu(v(2)).unwrap().state, RunState::Stopping);
+    assert_eq!(n.stop(2, StopSignal::Kill, 120_000), None);
+    assert!(n.s.unbind(v(2), at(120_000)).unwrap().thaw.is_none());
+}
+
+#[test]
+fn a_stopping_window_holder_passes_the_window_and_a_held_one_stays_its_users() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    let d = n.sample(50, &[1, 2]);
+    assert_eq!(d.actions, vec![Action::Freeze(v(2))]);
+    // 1 holds the window and is told to stop: nothing to thaw; 2 gets the window at once.
+    assert_eq!(n.stop(1, StopSignal::Graceful, 60), None);
+    let d = n.decide(60);
+    assert_eq!(d.actions, vec![Action::Thaw(v(2))]);
+    // A user's pause while stopping changes nothing; neither does its resume.
+    n.hold(1, true, 70);
+    n.hold(1, false, 80);
+    n.run(80, 3_000, |_, _| true);
+    assert!(n.frozen().is_empty());
+    assert_eq!(n.s.vgpu(v(1)).unwrap().state, RunState::Stopping);
+    // A held vGPU that gets a stop signal keeps its user's pause: no order names it.
+    n.bind(3, &[0], 1, Priority::Normal);
+    n.hold(3, true, 3_000);
+    assert_eq!(n.stop(3, StopSignal::Kill, 3_050), None);
+    assert_eq!(n.s.vgpu(v(3)).unwrap().state, RunState::Held);
+}

@@ -243,7 +243,7 @@ mod tests {
             ),
             (
                 v1("/sys/fs/cgroup/freezer/system.slice"),
-                "holds the gpuplex node service itself",
+                "holds the gpuplex node service or its watchdog",
             ),
             (
                 v2("/sys/fs/cgroup/unified/system.slice/gpuplex.service"),

@@ -52,7 +52,7 @@ pub use admission::{Admission, Refusal};
 pub use error::CgroupError;
 pub use freezer::{freeze_all, FreezerCgroup};
 pub use mounts::Hierarchies;
-pub use procfs::{clock_ticks_per_second, ProcCgroup, ProcStat};
+pub use procfs::{clock_ticks_per_second, PendingSignals, ProcCgroup, ProcStat};
 
 /// Which kernel interface freezes a cgroup. Displayed, and serialized, as `v1` or `v2`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

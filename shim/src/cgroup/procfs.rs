@@ -1,4 +1,4 @@
-//! What `/proc/PID/cgroup` and `/proc/PID/stat` say about a process.
+//! What `/proc/PID/cgroup`, `/proc/PID/stat` and `/proc/PID/status` say about a process.
 
 use std::io;
 use std::path::Path;
@@ -108,6 +108,38 @@ impl ProcStat {
     }
 }
 
+/// The signals pending for a process, from `/proc/PID/status`: its main thread's (`SigPnd`) and
+/// the whole process's (`ShdPnd`), as one set where signal `n` is bit `n - 1`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSignals(pub u64);
+
+impl PendingSignals {
+    /// Parses the `SigPnd` and `ShdPnd` lines of `/proc/PID/status`; a line that does not read
+    /// as a hexadecimal mask counts as none.
+    pub fn parse(text: &str) -> PendingSignals {
+        let mut set = 0;
+        for line in text.lines() {
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            if key == "SigPnd" || key == "ShdPnd" {
+                set |= u64::from_str_radix(value.trim(), 16).unwrap_or(0);
+            }
+        }
+        PendingSignals(set)
+    }
+
+    /// Reads `/proc/PID/status`.
+    pub fn of_pid(pid: u32) -> Result<PendingSignals, CgroupError> {
+        read_proc_file(Path::new("/proc"), pid, "status").map(|t| PendingSignals::parse(&t))
+    }
+
+    /// Whether `signal` (a number, like `libc::SIGTERM`) is pending.
+    pub fn has(self, signal: i32) -> bool {
+        (1..=64).contains(&signal) && self.0 & (1 << (signal - 1)) != 0
+    }
+}
+
 /// The kernel's clock ticks per second for `/proc` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
 pub fn clock_ticks_per_second() -> u64 {
     static TICKS: OnceLock<u64> = OnceLock::new();
@@ -139,6 +171,16 @@ fn read_proc_file(proc: &Path, pid: u32, name: &str) -> Result<String, CgroupErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_signals_are_the_main_threads_and_the_processs() {
+        let status = "Name:\tsh\nSigQ:\t1/96365\nSigPnd:\t0000000000000100\nShdPnd:\t0000000000004000\nSigBlk:\t0000000000000000\n";
+        let pending = PendingSignals::parse(status);
+        assert!(pending.has(libc::SIGKILL) && pending.has(libc::SIGTERM));
+        assert!(!pending.has(libc::SIGINT) && !pending.has(0) && !pending.has(65));
+        assert_eq!(PendingSignals::parse("SigPnd:\tzz\n"), PendingSignals(0));
+        assert_eq!(PendingSignals::parse(""), PendingSignals(0));
+    }
 
     fn cg(freezer: Option<&str>, cpuacct: Option<&str>, unified: Option<&str>) -> ProcCgroup {
         ProcCgroup {

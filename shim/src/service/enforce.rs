@@ -68,7 +68,7 @@ impl Enforced {
     }
 
     /// Thaws it if the service froze it (never when held); true when it did.
-    fn thaw(&mut self, vgpu: VgpuId) -> Result<bool, CgroupError> {
+    pub fn thaw(&mut self, vgpu: VgpuId) -> Result<bool, CgroupError> {
         let Some(since) = self.frozen_since.filter(|_| !self.held) else {
             return Ok(false);
         };

@@ -24,6 +24,7 @@ mod enforce;
 mod recover;
 mod requests;
 mod socket;
+mod stopping;
 mod unstarted;
 pub mod watchdog;
 
@@ -340,6 +341,7 @@ impl Service {
         for vgpu in exited {
             self.release_exited(vgpu);
         }
+        self.notice_stops();
         for (vgpu, e) in self.enforced.iter_mut() {
             if e.unstarted.is_some_and(|u| u.has_started()) {
                 e.unstarted = None;

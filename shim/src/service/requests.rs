@@ -35,6 +35,7 @@ impl Service {
             }
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
+            Request::Stopping { key, signal } => self.stopping(&key, signal),
             Request::Reserve { annotations } => self.reserve(&annotations),
             Request::Attach {
                 handle,
@@ -350,7 +351,7 @@ impl Service {
             .collect()
     }
 
-    fn reply(&self, vgpu: VgpuId) -> Reply {
+    pub(super) fn reply(&self, vgpu: VgpuId) -> Reply {
         Reply {
             ok: true,
             vgpu: self.node.record(vgpu).map(|r| self.vgpu_reply(r)),
@@ -382,7 +383,7 @@ impl Service {
         })
     }
 
-    fn container_of(&self, vgpu: VgpuId) -> String {
+    pub(super) fn container_of(&self, vgpu: VgpuId) -> String {
         self.node
             .record(vgpu)
             .and_then(|r| r.attachment.as_ref())

@@ -491,7 +491,15 @@ impl Task for TaskService {
     }
 
     fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
-        self.with(&req.id, |c| c.kill(&req.exec_id, req.signal, req.all))?;
+        let node = self.node();
+        self.with(&req.id, |c| {
+            // A container frozen between its windows takes no signal until it is thawed: the
+            // node service thaws it and keeps it out of windows while it stops.
+            if req.exec_id.is_empty() && c.vgpu.is_some() {
+                node.stopping(&c.id, req.signal);
+            }
+            c.kill(&req.exec_id, req.signal, req.all)
+        })?;
         Ok(Empty::new())
     }
 

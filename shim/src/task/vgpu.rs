@@ -122,6 +122,27 @@ impl NodeLink {
         })
     }
 
+    /// Tells the node service that container `id` is being sent `signal`, when that is a stop
+    /// signal (SIGTERM, SIGINT, SIGQUIT, SIGKILL); best effort: the service also sees a stop
+    /// signal pending in a container it froze.
+    pub fn stopping(&self, id: &str, signal: u32) {
+        let name = match signal as i32 {
+            libc::SIGTERM => "SIGTERM",
+            libc::SIGINT => "SIGINT",
+            libc::SIGQUIT => "SIGQUIT",
+            libc::SIGKILL => "SIGKILL",
+            _ => return,
+        };
+        let Ok(ctx) = self.ctx() else { return };
+        let Ok(mut client) = NodeClient::connect(&ctx.socket) else {
+            return;
+        };
+        let key = ReleaseKey::Container(id.to_owned());
+        if let Err(e) = client.stopping(&key, name) {
+            log::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
+        }
+    }
+
     /// Releases a container's reservation, by its handle; best effort: the service also
     /// releases a container whose processes are gone.
     pub fn release(&self, reserved: &Reserved) {
