@@ -58,6 +58,11 @@ pub struct HookContext {
     pub node: String,
     /// Where the GPUs' CDI spec is, and its kind.
     pub cdi: CdiSettings,
+    /// Whether the annotations naming a Kubernetes pod and namespace come from the runtime
+    /// (the containerd shim under CRI) and are passed on to the node service, where the
+    /// namespace decides what the pod may ask for (`[policy]`); a podman or runc user writes
+    /// them as freely as any annotation, so the hook never passes them on.
+    pub pod_from_runtime: bool,
 }
 
 impl HookContext {
@@ -95,6 +100,7 @@ impl HookContext {
             }),
             node,
             cdi,
+            pod_from_runtime: false,
         })
     }
 
@@ -228,9 +234,11 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
     }
     let mut client = ctx.client(STAGE)?;
     let mut annotations = annotations;
-    annotations.extend(pod_annotations(
-        config.get("annotations").and_then(Value::as_object),
-    ));
+    if ctx.pod_from_runtime {
+        annotations.extend(pod_annotations(
+            config.get("annotations").and_then(Value::as_object),
+        ));
+    }
     // The service refuses `gpuplex.io/vgpu-id` and `gpuplex.io/vgpu-handle` among them: a
     // container cannot bring another's.
     let vgpu = client
@@ -426,17 +434,11 @@ fn register(
     stage: &'static str,
     state: &OciState,
     bundle: &BundleConfig,
-    mut annotations: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
     pid: u32,
 ) -> Result<(), HookError> {
     let fail = |message: String| HookError { stage, message };
-    let pod_keys = POD_NAME_KEYS.iter().chain(POD_NAMESPACE_KEYS.iter());
-    let all = bundle.annotations();
-    for key in pod_keys {
-        if let Some(value) = state.annotations.get(*key).or_else(|| all.get(*key)) {
-            annotations.insert(key.to_string(), value.clone());
-        }
-    }
+    // No pod or namespace: a runc user's config says what it likes (see `pod_from_runtime`).
     let mut client = ctx.client(stage)?;
     let vgpu = client
         .register(&state.id, &Target::Pid(pid), &annotations, true)

@@ -9,6 +9,7 @@
 //!   around the inventory and the windows.
 //! - [`protocol`]: the node socket's requests and replies, and [`node::Node::handle`].
 //! - [`config`]: the `[scheduler]` section of `gpuplex.toml`.
+//! - [`policy`]: the `[policy]` section: what a container owner may ask for.
 //! - [`sim`]: a deterministic simulator that drives the scheduler through a scenario.
 //!
 //! The crate does no I/O, starts no thread and reads no clock: time is an [`Instant`] passed in,
@@ -60,6 +61,7 @@ pub mod accounting;
 pub mod config;
 pub mod inventory;
 pub mod node;
+pub mod policy;
 pub mod protocol;
 pub mod quantity;
 pub mod request;

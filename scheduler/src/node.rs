@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use crate::accounting::{GpuStats, VgpuStats};
 use crate::config::SchedulerConfig;
 use crate::inventory::{AssignError, Assignment, Gpu, Inventory, InventoryError};
+use crate::policy::{PolicyConfig, PolicyError};
 use crate::request::{RequestError, VgpuRequest};
 use crate::windows::{Action, BindError, Binding, Decision, WindowScheduler};
 use crate::{GpuIndex, Handle, Instant, VgpuId};
@@ -110,6 +111,9 @@ pub enum NodeError {
     /// An annotation is invalid.
     #[error(transparent)]
     Request(#[from] RequestError),
+    /// The operator's policy does not allow what the annotations ask for.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
     /// No GPU can hold the request (the message lists every GPU's free memory).
     #[error(transparent)]
     Assign(#[from] AssignError),
@@ -171,6 +175,7 @@ pub enum NodeError {
 #[derive(Clone, Debug)]
 pub struct Node {
     config: SchedulerConfig,
+    policy: PolicyConfig,
     inventory: Inventory,
     windows: WindowScheduler,
     records: BTreeMap<VgpuId, VgpuRecord>,
@@ -191,6 +196,7 @@ impl Node {
         Ok(Node {
             windows: WindowScheduler::new(indexes, &config),
             config,
+            policy: PolicyConfig::unrestricted(),
             inventory,
             records: BTreeMap::new(),
             by_container: HashMap::new(),
@@ -204,6 +210,13 @@ impl Node {
     /// The scheduler settings.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// Bounds what a new reservation may ask for ([`PolicyConfig::admit`]); a node starts
+    /// unrestricted (the simulator's), the node service sets `gpuplex.toml`'s `[policy]`.
+    /// Records restored after a restart were admitted once and are not checked again.
+    pub fn set_policy(&mut self, policy: PolicyConfig) {
+        self.policy = policy;
     }
 
     /// The GPUs and the memory bound on them.
@@ -270,6 +283,10 @@ impl Node {
             annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         )?
         .ok_or(NodeError::NoRequest)?;
+        let namespace = crate::request::POD_NAMESPACE_KEYS
+            .iter()
+            .find_map(|key| annotations.get(*key));
+        self.policy.admit(&request, namespace.map(String::as_str))?;
         let id = VgpuId(self.next_id);
         let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         // A GPU counts as having work when a vGPU there has work, or when an arrival there is

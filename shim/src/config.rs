@@ -1,8 +1,8 @@
 //! `gpuplex.toml`: the node's configuration, read once at start.
 //!
-//! Three sections: `[scheduler]` (the scheduler core's, see
-//! [`gpuplex_scheduler::config`]), `[service]` (this crate's: socket, state, activity
-//! sampling, metrics) and any number of `[[fake_gpu]]` entries. Every key has a default, an
+//! Four sections: `[scheduler]` and `[policy]` (the scheduler core's, see
+//! [`gpuplex_scheduler::config`] and [`gpuplex_scheduler::policy`]), `[service]` (this crate's:
+//! socket, state, activity sampling, metrics) and any number of `[[fake_gpu]]` entries. Every key has a default, an
 //! absent file at the default path means every default, and an unknown section or key, or a bad
 //! value, is refused with one line naming the file, the line and the key.
 //!
@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuplex_scheduler::config::SchedulerConfig;
+use gpuplex_scheduler::policy::PolicyConfig;
 use gpuplex_scheduler::quantity::parse_quantity;
 use gpuplex_scheduler::time::format_duration;
 use gpuplex_scheduler::toml_place::TomlPlace;
@@ -29,6 +30,8 @@ pub use gpuplex_hook::client::{
 pub struct NodeConfig {
     /// `[scheduler]`.
     pub scheduler: SchedulerConfig,
+    /// `[policy]`.
+    pub policy: PolicyConfig,
     /// `[service]`.
     pub service: ServiceConfig,
     /// `[[fake_gpu]]`, in order: the first is GPU 0.
@@ -123,6 +126,8 @@ struct Document {
     #[serde(default)]
     scheduler: SchedulerConfig,
     #[serde(default)]
+    policy: PolicyConfig,
+    #[serde(default)]
     service: ServiceConfig,
     #[serde(default)]
     fake_gpu: Vec<FakeGpuEntry>,
@@ -178,6 +183,7 @@ impl NodeConfig {
             }
         })?;
         document.scheduler.validate().map_err(|e| e.to_string())?;
+        document.policy.validate().map_err(|e| e.to_string())?;
         document.service.validate()?;
         let mut fake_gpus: Vec<FakeGpu> = Vec::new();
         for (i, entry) in document.fake_gpu.into_iter().enumerate() {
@@ -223,6 +229,7 @@ impl NodeConfig {
         }
         Ok(NodeConfig {
             scheduler: document.scheduler,
+            policy: document.policy,
             service: document.service,
             fake_gpus,
         })

@@ -152,7 +152,10 @@ fn a_busy_high_priority_process_freezes_normal_ones() {
         return;
     }
     let _serial = serial();
-    let service = NodeService::start(Setup::default());
+    let service = NodeService::start(Setup {
+        policy: "high_priority_outside_kubernetes = true",
+        ..Setup::default()
+    });
     let mut normal = TestCgroup::new(V1, "normal");
     normal.spawn_busy();
     service.register("normal", &normal, json!({"gpuplex.io/priority": "normal"}));

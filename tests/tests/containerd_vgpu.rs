@@ -375,3 +375,29 @@ fn a_containerd_container_naming_another_vgpu_gets_nothing_of_it() {
     assert!(identity.exists(), "the victim's identity file was removed");
     assert_eq!(service.held(), (1, 0), "{}", service.status());
 }
+
+#[test]
+fn a_containerd_container_asks_for_high_priority_only_where_the_operator_allows() {
+    let Some(rig) = rig(
+        "a_containerd_container_asks_for_high_priority_only_where_the_operator_allows",
+        1,
+        249,
+    ) else {
+        return;
+    };
+    let (c, service) = (&rig.containerd, &rig.service);
+    // The default policy: nobody gets high priority, nobody a weight over 10.
+    for (annotation, because) in [
+        (
+            "gpuplex.io/priority=high",
+            "is not allowed outside Kubernetes",
+        ),
+        ("gpuplex.io/weight=50", "is over this node's limit of 10"),
+    ] {
+        let out = c.run(GPUPLEX, &[annotation], "greedy", &["true"]);
+        assert!(!out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(because), "{stderr}");
+    }
+    assert_eq!(service.held(), (0, 0), "{}", service.status());
+}

@@ -88,7 +88,9 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
 
     // Dropped in reverse order: the pod (removed through the CRI), the client, containerd, the
     // node service (after the containers released their vGPUs), the directory.
-    let service = NodeService::start(&dir.path().join("node"), 2, 230, "");
+    // The operator lets the pods of namespace `inference` ask for high priority, no other.
+    let policy = "[policy]\nhigh_priority_namespaces = [\"inference\"]\n";
+    let service = NodeService::start(&dir.path().join("node"), 2, 230, policy);
     let started = Instant::now();
     let containerd = Containerd::start_with(
         Setup {
@@ -303,6 +305,60 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
             .all(|(_, id)| *id != pod.id)),
         "the pod's shim still runs 5 s after RemovePodSandbox: {:?}",
         shim_daemons()
+    );
+
+    // The policy goes by the namespace CRI gives the shim: `inference` may ask for high
+    // priority, `ml` may not, and a pod cannot claim another namespace by annotation (only
+    // `gpuplex.io/` pod annotations reach the container).
+    let claims = [
+        ("io.kubernetes.cri.sandbox-namespace", "inference"),
+        ("io.kubernetes.pod.namespace", "inference"),
+    ];
+    for (name, namespace, claim, allowed) in [
+        ("server", "inference", &[][..], true),
+        ("squatter", "ml", &[][..], false),
+        ("spoofer", "ml", &claims[..], false),
+    ] {
+        let mut annotations = vec![
+            ("gpuplex.io/priority", "high"),
+            ("gpuplex.io/gpu-memory", "1Gi"),
+        ];
+        annotations.extend_from_slice(claim);
+        let mut pod = cri
+            .run_pod_sandbox(&host_network_pod(name, namespace, &annotations), "gpuplex")
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}"));
+        let id = pod
+            .create_container(&host_network_container(
+                "worker",
+                BUSYBOX_IMAGE,
+                &["sleep", "1000"],
+                &[],
+            ))
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"));
+        // The task, and with it the vGPU, is made at StartContainer.
+        match (allowed, cri.start_container(&id)) {
+            (true, Ok(())) => {
+                let status = service.status();
+                let entry = listed(&status, &id)
+                    .unwrap_or_else(|| panic!("{id} is not listed: {status:#}"));
+                assert_eq!(entry["priority"], "high", "{entry}");
+                assert_eq!(entry["namespace"], namespace, "{entry}");
+            }
+            (false, Err(e)) => assert!(
+                e.message().contains(
+                    "annotation gpuplex.io/priority=`high` is not allowed for namespace `ml`"
+                ),
+                "{name}: {e}"
+            ),
+            (allowed, started) => panic!("{name}: allowed {allowed}, but {started:?}"),
+        }
+        pod.remove()
+            .unwrap_or_else(|e| panic!("RemovePodSandbox {name}: {e}"));
+    }
+    assert!(
+        wait_until(Duration::from_secs(2), || service.held() == (0, 0)),
+        "{:#}",
+        service.status()
     );
 
     eprintln!("CRI calls:");

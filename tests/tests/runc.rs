@@ -9,6 +9,9 @@ use std::time::Duration;
 use gpuplex_integration::*;
 use serde_json::{json, Value};
 
+/// The operator's policy for a test whose container asks for weight 100.
+const HEAVY: &str = "[policy]\nmax_weight = 100\n";
+
 struct Runc {
     dir: PathBuf,
     rootfs: PathBuf,
@@ -312,7 +315,8 @@ fn a_container_is_not_frozen_between_its_attach_and_its_start() {
     }
     let dir = tempfile::tempdir().unwrap();
     // Every sample shows work: whatever the service may freeze, it freezes.
-    let mut service = NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, "");
+    let mut service =
+        NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, HEAVY);
     let runc = Runc::new(&dir.path().join("runc"));
     let _gone = Deleted(&runc, &["gpuplex-runc-holder", "gpuplex-runc-late"]);
     let status = |id: &str| {
@@ -367,7 +371,7 @@ fn a_container_is_not_frozen_between_its_attach_and_its_start() {
     assert_eq!(status("gpuplex-runc-late"), "created", "{}", service.log());
     // A restarted service, which recovers both, leaves it alone as well.
     service.stop();
-    service = NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, "");
+    service = NodeService::start_sampling("always", &dir.path().join("node"), 1, 216, HEAVY);
     assert_eq!(service.held(), (2, 0), "{}", service.log());
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(status("gpuplex-runc-late"), "created", "{}", service.log());

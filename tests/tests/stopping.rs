@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use gpuplex_integration::containerd::*;
 use gpuplex_integration::*;
 
+/// The operator's policy: containers outside Kubernetes may ask for high priority.
+const HIGH_ALLOWED: &str = "[policy]\nhigh_priority_outside_kubernetes = true\n";
+
 /// A busy loop that, on SIGTERM, writes `TERM` to `file` (a path in the container) and exits 0.
 fn trapping_loop(file: &str) -> String {
     format!("trap 'echo TERM > {file}; exit 0' TERM; while :; do :; done")
@@ -36,7 +39,7 @@ fn a_podman_container_frozen_behind_a_high_neighbour_runs_its_sigterm_handler_on
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let service = NodeService::start(&dir.path().join("node"), 1, 110, "");
+    let service = NodeService::start(&dir.path().join("node"), 1, 110, HIGH_ALLOWED);
     let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
     podman.run_detached(
         &[
@@ -89,7 +92,7 @@ fn a_podman_container_frozen_behind_a_high_neighbour_dies_of_a_sigkill_to_its_pr
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let service = NodeService::start(&dir.path().join("node"), 1, 112, "");
+    let service = NodeService::start(&dir.path().join("node"), 1, 112, HIGH_ALLOWED);
     let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
     podman.run_detached(
         &[
@@ -125,7 +128,7 @@ fn a_containerd_container_frozen_behind_a_high_neighbour_runs_its_sigterm_handle
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let service = NodeService::start(&dir.path().join("node"), 1, 114, "");
+    let service = NodeService::start(&dir.path().join("node"), 1, 114, HIGH_ALLOWED);
     let c = Containerd::start(Setup {
         gpuplex_config: Some(service.config.clone()),
         cri: false,

@@ -230,3 +230,46 @@ fn kill_9_of_the_service_thaws_three_busy_podman_containers_within_a_second() {
     podman.remove_all();
     service.restart();
 }
+
+#[test]
+fn what_a_podman_container_may_ask_for_is_the_operators_to_bound() {
+    if !can_run("what_a_podman_container_may_ask_for_is_the_operators_to_bound") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The operator lets Kubernetes namespace `inference` ask for high priority: a podman
+    // container is not in it, whatever its annotations say.
+    let policy = "[policy]\nhigh_priority_namespaces = [\"inference\"]\n";
+    let service = NodeService::start(&dir.path().join("node"), 1, 108, policy);
+    let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
+    refused(
+        &podman,
+        &["gpuplex.io/priority=high".into()],
+        "annotation gpuplex.io/priority=`high` is not allowed outside Kubernetes on this node",
+    );
+    refused(
+        &podman,
+        &[
+            "gpuplex.io/priority=high".into(),
+            "io.kubernetes.pod.namespace=inference".into(),
+            "io.kubernetes.cri.sandbox-namespace=inference".into(),
+        ],
+        "is not allowed outside Kubernetes",
+    );
+    refused(
+        &podman,
+        &["gpuplex.io/weight=11".into()],
+        "annotation gpuplex.io/weight=`11` is over this node's limit of 10",
+    );
+    let out = podman.run(
+        &[
+            "--annotation",
+            "gpuplex.io/weight=10",
+            "--annotation",
+            "gpuplex.io/priority=low",
+        ],
+        "true",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(service.held(), (0, 0));
+}

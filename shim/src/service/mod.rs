@@ -146,6 +146,7 @@ impl Service {
             config.scheduler.clone(),
         )
         .map_err(|e| ServiceError::Inventory(e.to_string()))?;
+        node.set_policy(config.policy.clone());
         // vGPU ids never repeat on a node: above every id given before (saved), and above the
         // clock in milliseconds (which covers a lost state directory).
         let saved_next = state.load_accounting().and_then(|a| a.next_vgpu);

@@ -59,6 +59,8 @@ impl NodeLink {
             .map(|mut ctx| {
                 // The shim attaches and releases the container itself: no hook in the spec.
                 ctx.hook = None;
+                // Under CRI the pod's name and namespace are CRI's, not the pod's owner's.
+                ctx.pod_from_runtime = true;
                 ctx
             })
             .map_err(|e| e.message);

@@ -54,6 +54,8 @@ pub struct Setup {
     pub reservation_ttl: &'static str,
     pub activity: &'static str,
     pub extra_service: String,
+    /// The `[policy]` table's lines.
+    pub policy: &'static str,
 }
 
 impl Default for Setup {
@@ -66,6 +68,7 @@ impl Default for Setup {
             reservation_ttl: "60s",
             activity: "cpu",
             extra_service: String::new(),
+            policy: "",
         }
     }
 }
@@ -98,9 +101,10 @@ impl NodeService {
         let socket = dir.path().join("gpuplex.sock");
         let config = dir.path().join("gpuplex.toml");
         let text = format!(
-            "[scheduler]\nslice = \"{}\"\nreservation_ttl = \"{}\"\n\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"{}\"\nsample_interval = \"{}\"\nnode_name = \"testnode\"\n{}\n\n{fake}",
+            "[scheduler]\nslice = \"{}\"\nreservation_ttl = \"{}\"\n\n[policy]\n{}\n\n[service]\nsocket = \"{}\"\nstate_dir = \"{}\"\nactivity = \"{}\"\nsample_interval = \"{}\"\nnode_name = \"testnode\"\n{}\n\n{fake}",
             setup.slice,
             setup.reservation_ttl,
+            setup.policy,
             socket.display(),
             dir.path().join("state").display(),
             setup.activity,
