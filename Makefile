@@ -7,6 +7,8 @@
 #   make bench  criterion benchmarks of the scheduler core, and the node service's switch latency,
 #               registration round trip and CPU use with real cgroups (root) (docs/benchmarks.md)
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
+#   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
+#               `make test`, which replays what the fuzzers found (fuzz/regressions/)
 
 CARGO  ?= cargo
 PREFIX ?= /usr/local
@@ -16,7 +18,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties install
+.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties fuzz install
 
 all: build
 
@@ -74,6 +76,27 @@ bench: bench-deps
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
+
+# The fuzz targets (fuzz/fuzz_targets/, their bodies in fuzz/src/bodies.rs) need a nightly
+# toolchain and cargo-fuzz (installed when missing). Each runs for FUZZ_SECONDS, starting from
+# fuzz/regressions/<target>/ and what earlier runs kept in fuzz/corpus/<target>/; an input that
+# fails is left in fuzz/artifacts/<target>/ (`cargo +nightly fuzz tmin <target> <file>`
+# minimizes it). Fix what it found and keep the input in fuzz/regressions/<target>/, which
+# tests/tests/fuzz_regressions.rs replays in `make test`. Every target runs; the make fails at
+# the end if any found something.
+FUZZ_SECONDS ?= 60
+FUZZ_CARGO   ?= cargo +nightly
+
+fuzz:
+	@$(FUZZ_CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	$(FUZZ_CARGO) fuzz build
+	@failed=""; for t in $$($(FUZZ_CARGO) fuzz list); do \
+		mkdir -p fuzz/corpus/$$t; \
+		echo "== fuzz $$t for $(FUZZ_SECONDS)s"; \
+		$(FUZZ_CARGO) fuzz run $$t fuzz/corpus/$$t fuzz/regressions/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: found something in:$$failed (see fuzz/artifacts/)"; exit 1; fi
 
 # Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the hook and its
 # podman hooks.d files and runc snippet (under $(PREFIX)/share/gpuplex), the simulator, the
