@@ -203,3 +203,86 @@ fn vgpu_ids_never_repeat_even_when_the_state_is_lost() {
     assert!(handles.iter().all(|h| h.len() == 32 && !h.contains("vgpu")));
     assert!(handles[0] != handles[1] && handles[1] != handles[2]);
 }
+
+/// Processes that each open `per_process` connections to the socket and hold them, sending a
+/// space every half second when `trickle` (a request that never ends).
+fn flood(
+    socket: &std::path::Path,
+    processes: usize,
+    per_process: usize,
+    trickle: bool,
+) -> Vec<std::process::Child> {
+    const SCRIPT: &str = "
+import socket, sys, time
+conns = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    conns.append(s)
+print('ready', flush=True)
+while True:
+    time.sleep(0.5)
+    if sys.argv[3] == '1':
+        for s in conns:
+            try:
+                s.send(b' ')
+            except OSError:
+                pass
+";
+    (0..processes)
+        .map(|_| {
+            let mut child = std::process::Command::new("python3")
+                .args(["-c", SCRIPT])
+                .arg(socket)
+                .arg(per_process.to_string())
+                .arg(if trickle { "1" } else { "0" })
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3 runs");
+            let mut ready = String::new();
+            use std::io::BufRead;
+            std::io::BufReader::new(child.stdout.as_mut().unwrap())
+                .read_line(&mut ready)
+                .unwrap();
+            assert_eq!(ready.trim(), "ready");
+            child
+        })
+        .collect()
+}
+
+#[test]
+fn a_flood_of_idle_and_trickling_connections_locks_no_client_out() {
+    if !can_run("a_flood_of_idle_and_trickling_connections_locks_no_client_out") {
+        return;
+    }
+    let service = NodeService::start(Setup::default());
+    // 12 processes × 16 idle connections, 2 × 16 trickling ones: more than the 128 served.
+    let mut flooders = flood(&service.socket, 12, 16, false);
+    flooders.extend(flood(&service.socket, 2, 16, true));
+    let mut slowest = std::time::Duration::ZERO;
+    let mut cgroup = TestCgroup::new(V1, "flooded");
+    cgroup.spawn("exec sleep 1000");
+    for round in 0..5 {
+        let asked = std::time::Instant::now();
+        let reply = service.ask(&json!({"op": "status"}));
+        slowest = slowest.max(asked.elapsed());
+        assert_eq!(reply["ok"], true, "round {round}: {reply}");
+        // And what the hooks and the shim do.
+        let registered = service.ask(&json!({"op": "register", "container": format!("c{round}"), "cgroup": cgroup.path, "annotations": {"gpuplex.io/gpu-memory": "1Gi"}}));
+        assert!(
+            registered["ok"] == true
+                || registered["error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("already the cgroup"),
+            "round {round}: {registered}"
+        );
+        let released = service.ask(&json!({"op": "release", "container": format!("c{round}")}));
+        assert_eq!(released["ok"], true, "{released}");
+    }
+    eprintln!("status answered within {slowest:?} under the flood");
+    for mut f in flooders {
+        let _ = f.kill();
+        let _ = f.wait();
+    }
+}
