@@ -316,9 +316,15 @@ impl StateDir {
     /// Writes the accounting: a temporary file renamed over the old one, not flushed to disk
     /// (it is rewritten every second; a power cut may lose it, a killed service does not).
     pub fn save_accounting(&self, accounting: &SavedAccounting) -> Result<(), StateError> {
-        let path = self.dir.join(ACCOUNTING);
-        let tmp = self.dir.join(format!(".{ACCOUNTING}.tmp"));
         let bytes = serde_json::to_vec(accounting).expect("accounting always serializes");
+        self.replace(ACCOUNTING, &bytes)
+    }
+
+    /// Replaces the file `name` with `bytes`: a temporary file renamed over it, so that a reader
+    /// sees the old file or the new one; not flushed to disk.
+    fn replace(&self, name: &str, bytes: &[u8]) -> Result<(), StateError> {
+        let path = self.dir.join(name);
+        let tmp = self.dir.join(format!(".{name}.tmp"));
         fs::write(&tmp, bytes)
             .and_then(|()| fs::rename(&tmp, &path))
             .map_err(|source| StateError {
@@ -341,16 +347,8 @@ impl StateDir {
     /// the old one (a reader sees the old list or the new one), not flushed to disk (a killed
     /// service loses nothing written; a power cut loses the containers too).
     pub fn save_frozen(&self, frozen: &SavedFrozen) -> Result<(), StateError> {
-        let path = self.dir.join(FROZEN);
-        let tmp = self.dir.join(format!(".{FROZEN}.tmp"));
         let bytes = serde_json::to_vec(frozen).expect("a list of paths always serializes");
-        fs::write(&tmp, bytes)
-            .and_then(|()| fs::rename(&tmp, &path))
-            .map_err(|source| StateError {
-                action: "write",
-                path,
-                source,
-            })
+        self.replace(FROZEN, &bytes)
     }
 
     /// Reads the list of cgroups the service may have frozen: none when there is no list; an
@@ -627,6 +625,50 @@ mod tests {
         assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
         fs::write(dir.path().join(ACCOUNTING), "{").unwrap();
         assert_eq!(state.load_accounting(), None);
+    }
+
+    #[test]
+    fn the_frozen_list_round_trips_and_a_missing_one_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        assert_eq!(state.load_frozen(), Ok(SavedFrozen::default()));
+        let frozen = SavedFrozen {
+            format: FORMAT,
+            frozen: vec![SavedFreezer {
+                version: "v1".into(),
+                path: "/sys/fs/cgroup/freezer/x".into(),
+            }],
+        };
+        state.save_frozen(&frozen).unwrap();
+        assert_eq!(state.load_frozen(), Ok(frozen));
+        assert!(state.load().unwrap().unreadable.is_empty(), "not a record");
+        fs::write(dir.path().join(FROZEN), "[").unwrap();
+        let line = state.load_frozen().unwrap_err();
+        assert!(
+            line.contains("frozen.json") && !line.contains('\n'),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn a_state_file_is_read_only_when_regular_small_and_not_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Refused at once: a FIFO with no writer would block a plain read for ever.
+        assert!(read_file(&fifo).is_err());
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert!(read_file(&link).is_err());
+        let huge = dir.path().join("huge");
+        File::create(&huge).unwrap().set_len(MAX_FILE + 1).unwrap();
+        assert!(read_file(&huge)
+            .unwrap_err()
+            .to_string()
+            .contains("over the limit"));
+        let fine = dir.path().join("fine");
+        fs::write(&fine, b"{}").unwrap();
+        assert_eq!(read_file(&fine).unwrap(), b"{}");
     }
 
     #[test]

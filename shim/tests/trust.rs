@@ -19,6 +19,16 @@ fn reserve(service: &NodeService) -> String {
         .to_owned()
 }
 
+/// The ids of the containers a status lists.
+fn attached(status: &Value) -> Vec<&str> {
+    status["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect()
+}
+
 fn refused(reply: &Value, because: &str) {
     assert_eq!(reply["ok"], false, "{reply}");
     let error = reply["error"].as_str().unwrap();
@@ -63,12 +73,7 @@ fn attach_refuses_a_cgroup_enforced_already_or_nested_with_one() {
         1,
         "{status}"
     );
-    let containers: Vec<&str> = status["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
+    let containers = attached(&status);
     assert_eq!(containers, ["victim", "below"], "{status}");
 }
 
@@ -155,12 +160,7 @@ fn a_state_file_naming_a_cgroup_the_service_may_not_freeze_is_dropped_at_recover
     std::fs::write(under(&service, "state/vgpu-8.json"), twice.to_string()).unwrap();
     service.spawn();
     let status = service.status();
-    let containers: Vec<&str> = status["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
+    let containers = attached(&status);
     assert_eq!(containers, ["planted-vgpu-7"], "{status}");
     let log = service.log_text();
     assert!(log.contains("vgpu-5: not recovered"), "{log}");

@@ -26,6 +26,23 @@ fn frozen(pid: u32) -> bool {
     })
 }
 
+/// A busy `high` podman container, then one running `script` that is frozen behind it: the
+/// latter's id and init pid.
+fn frozen_behind_high(podman: &Podman, service: &NodeService, script: &str) -> (String, u32) {
+    let memory = ["--annotation", "gpuplex.io/gpu-memory=4Gi"];
+    let mut high = memory.to_vec();
+    high.extend(["--annotation", "gpuplex.io/priority=high"]);
+    podman.run_detached(&high, "while :; do :; done");
+    let id = podman.run_detached(&memory, script);
+    let pid = podman.init_pid(&id);
+    assert!(
+        frozen(pid),
+        "not frozen behind the high neighbour: {}",
+        service.status()
+    );
+    (id, pid)
+}
+
 fn gone(pid: u32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists()
         || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
@@ -41,26 +58,8 @@ fn a_podman_container_frozen_behind_a_high_neighbour_runs_its_sigterm_handler_on
     let dir = tempfile::tempdir().unwrap();
     let service = NodeService::start(&dir.path().join("node"), 1, 110, HIGH_ALLOWED);
     let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
-    podman.run_detached(
-        &[
-            "--annotation",
-            "gpuplex.io/gpu-memory=4Gi",
-            "--annotation",
-            "gpuplex.io/priority=high",
-        ],
-        "while :; do :; done",
-    );
     let file = format!("/tmp/term-{}", std::process::id());
-    let stopped = podman.run_detached(
-        &["--annotation", "gpuplex.io/gpu-memory=4Gi"],
-        &trapping_loop(&file),
-    );
-    let pid = podman.init_pid(&stopped);
-    assert!(
-        frozen(pid),
-        "not frozen behind the high neighbour: {}",
-        service.status()
-    );
+    let (stopped, _) = frozen_behind_high(&podman, &service, &trapping_loop(&file));
     let started = Instant::now();
     let out = podman
         .command()
@@ -94,21 +93,7 @@ fn a_podman_container_frozen_behind_a_high_neighbour_dies_of_a_sigkill_to_its_pr
     let dir = tempfile::tempdir().unwrap();
     let service = NodeService::start(&dir.path().join("node"), 1, 112, HIGH_ALLOWED);
     let podman = Podman::new(&dir.path().join("podman"), Some(&service.config));
-    podman.run_detached(
-        &[
-            "--annotation",
-            "gpuplex.io/gpu-memory=4Gi",
-            "--annotation",
-            "gpuplex.io/priority=high",
-        ],
-        "while :; do :; done",
-    );
-    let victim = podman.run_detached(
-        &["--annotation", "gpuplex.io/gpu-memory=4Gi"],
-        "while :; do :; done",
-    );
-    let pid = podman.init_pid(&victim);
-    assert!(frozen(pid), "{}", service.status());
+    let (_, pid) = frozen_behind_high(&podman, &service, "while :; do :; done");
     let started = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
