@@ -3,8 +3,8 @@
 //! One definition, two users: the cargo-fuzz targets (`fuzz/fuzz_targets/`, nightly) and the
 //! main workspace's `tests/tests/fuzz_regressions.rs` (stable), which includes this file with
 //! `#[path]` and replays every file of `fuzz/regressions/<target>/` through the same function.
-//! So this file uses only what both crates depend on: the three gpuplex crates, `serde_json` and
-//! `tempfile`.
+//! So this file uses only what both crates depend on: the three gpuplex crates, `serde_json`,
+//! `toml` and `tempfile`.
 //!
 //! Every body holds, for any input: nothing panics, and every error's `Display` is one line
 //! (ARCHITECTURE.md, "nothing panics on input"). A panic here, an assertion's included, is a
@@ -19,10 +19,11 @@ use gpuplex_hook::spec::{self, DeviceNode, HookCommand, Injection};
 use gpuplex_scheduler::config::SchedulerConfig;
 use gpuplex_scheduler::inventory::Gpu;
 use gpuplex_scheduler::node::Node;
+use gpuplex_scheduler::policy::PolicyConfig;
 use gpuplex_scheduler::protocol::parse_request;
 use gpuplex_scheduler::quantity::{format_bytes, parse_quantity};
 use gpuplex_scheduler::request::{
-    GpuMemory, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, PREFIX,
+    GpuMemory, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, POD_NAMESPACE_KEYS, PREFIX,
 };
 use gpuplex_scheduler::time::{format_duration, parse_duration};
 use gpuplex_scheduler::{GpuIndex, Handle, Instant};
@@ -68,8 +69,9 @@ pub fn decode_annotations(data: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `annotations`: a container's annotations to `VgpuRequest::from_annotations`, and each value
-/// (and the whole input) to `parse_quantity`.
+/// `annotations`: a container's annotations to `VgpuRequest::from_annotations` (and a request
+/// read to the default `[policy]`'s `admit`, from the pod namespace among them, if any), and
+/// each value (and the whole input) to `parse_quantity`.
 ///
 /// Also held: no `gpuplex.io/` key means no request (`Ok(None)`), and a request only when
 /// there is one; an error names one of the `gpuplex.io/` keys given; a request's numbers are in
@@ -102,6 +104,14 @@ pub fn annotations(data: &[u8]) {
             }
             for (_, value) in &pairs {
                 request.accepts_model(value);
+            }
+            let namespace = pairs
+                .iter()
+                .rev()
+                .find(|(k, _)| POD_NAMESPACE_KEYS.contains(&k.as_str()))
+                .map(|(_, v)| v.as_str());
+            if let Err(e) = PolicyConfig::default().admit(&request, namespace) {
+                one_line("PolicyConfig::admit", e);
             }
         }
         Err(e) => {
@@ -141,14 +151,16 @@ fn node() -> Node {
         gpu(0, "NVIDIA A100-SXM4-80GB", 80),
         gpu(1, "NVIDIA H100 80GB HBM3", 80),
     ];
-    Node::new(gpus, SchedulerConfig::default()).expect("two good GPUs")
+    let mut node = Node::new(gpus, SchedulerConfig::default()).expect("two good GPUs");
+    node.set_policy(PolicyConfig::default());
+    node
 }
 
 /// `request_line`: the input to `protocol::parse_request` as one line; then split into lines
 /// (at most 64), as the node socket reads them, each parsed and carried out by `Node::handle`
-/// on one node of two GPUs, with a decision after each, 1 ms apart. The handle the node service
-/// would draw for line `n` (from 1) is `n` in each of its 16 bytes: `0101…01` for the first, so
-/// an input can attach what it reserved.
+/// on one node of two GPUs under the default `[policy]`, with a decision after each, 1 ms
+/// apart. The handle the node service would draw for line `n` (from 1) is `n` in each of its 16
+/// bytes: `0101…01` for the first, so an input can attach what it reserved.
 ///
 /// Also held: a reply is one line of JSON, and an error reply says why in one line.
 pub fn request_line(data: &[u8]) {
@@ -317,12 +329,12 @@ fn set_aside(dir: &Path, name: &str) -> Option<Vec<u8>> {
 
 /// `gpuplex_toml`: the input as `gpuplex.toml` (invalid UTF-8 replaced) to the node service's
 /// `NodeConfig::parse`, the hook's `client::hook_config` (from a file) and the core's
-/// `SchedulerConfig::from_toml`; as it is to `NodeConfig::load` (from a file); and as a
-/// duration string to `time::parse_duration`.
+/// `SchedulerConfig::from_toml` and `PolicyConfig::from_toml`; as it is to `NodeConfig::load`
+/// (from a file); and each of its strings (keys and values) to `time::parse_duration`.
 ///
 /// Also held: what the node service accepts, the hook and the core accept too, and read the
-/// same (`[scheduler]`; the socket and CDI settings); a duration read formats to text that reads
-/// back to it, to within the 3 decimals the format keeps.
+/// same (`[scheduler]`, `[policy]`; the socket and CDI settings); a duration read formats to
+/// text that reads back to it, to within the 3 decimals the format keeps.
 pub fn gpuplex_toml(data: &[u8]) {
     let text = text_of(data);
     let node = gpuplex_shim::config::NodeConfig::parse(&text);
@@ -332,6 +344,10 @@ pub fn gpuplex_toml(data: &[u8]) {
     let scheduler = SchedulerConfig::from_toml(&text);
     if let Err(e) = &scheduler {
         one_line("SchedulerConfig::from_toml", e);
+    }
+    let policy = PolicyConfig::from_toml(&text);
+    if let Err(e) = &policy {
+        one_line("PolicyConfig::from_toml", e);
     }
     // The hook reads the same text from a file; the service's own reading of the file (as
     // bytes, which may not be UTF-8) is checked beside it.
@@ -353,6 +369,11 @@ pub fn gpuplex_toml(data: &[u8]) {
             Ok(&node.scheduler),
             "the core reads [scheduler] otherwise"
         );
+        assert_eq!(
+            policy.as_ref(),
+            Ok(&node.policy),
+            "the core reads [policy] otherwise"
+        );
         let (socket, cdi) = hook.expect("the node service accepts it, the hook refuses it");
         assert_eq!(
             socket.as_ref().unwrap_or(&node.service.socket),
@@ -361,17 +382,39 @@ pub fn gpuplex_toml(data: &[u8]) {
         assert_eq!(cdi.spec_dirs, node.service.cdi_spec_dirs);
         assert_eq!(cdi.kind, node.service.cdi_kind);
     }
-    match parse_duration(&text) {
-        Ok(d) => {
-            let shown = format_duration(d);
-            let back = parse_duration(&shown).expect("a formatted duration reads back");
-            let error = back.abs_diff(d);
-            assert!(
-                error <= d / 1000 + Duration::from_nanos(1),
-                "{text:?} read as {d:?}, shown as {shown:?}, read back as {back:?}"
-            );
+    // Every string of the document as a duration, the way `slice = "200ms"` is read.
+    let mut strings = Vec::new();
+    if let Ok(table) = text.parse::<toml::Table>() {
+        strings_in(&toml::Value::Table(table), &mut strings);
+    }
+    for text in strings.iter().take(64) {
+        match parse_duration(text) {
+            Ok(d) => {
+                let shown = format_duration(d);
+                let back = parse_duration(&shown).expect("a formatted duration reads back");
+                let error = back.abs_diff(d);
+                assert!(
+                    error <= d / 1000 + Duration::from_nanos(1),
+                    "{text:?} read as {d:?}, shown as {shown:?}, read back as {back:?}"
+                );
+            }
+            Err(e) => one_line("parse_duration", e),
         }
-        Err(e) => one_line("parse_duration", e),
+    }
+}
+
+/// The strings in a TOML value, keys and values, depth first.
+fn strings_in(value: &toml::Value, out: &mut Vec<String>) {
+    match value {
+        toml::Value::String(s) => out.push(s.clone()),
+        toml::Value::Array(items) => items.iter().for_each(|v| strings_in(v, out)),
+        toml::Value::Table(table) => {
+            for (key, v) in table {
+                out.push(key.clone());
+                strings_in(v, out);
+            }
+        }
+        _ => {}
     }
 }
 
