@@ -78,24 +78,36 @@ impl CdiSettings {
             return Ok(settings);
         };
         if let Some(dirs) = service.get("cdi_spec_dirs") {
-            let list = dirs
-                .as_array()
-                .ok_or("service.cdi_spec_dirs must be a list of directories")?;
+            let list = dirs.as_array().ok_or(BAD_DIRS)?;
             settings.spec_dirs = list
                 .iter()
-                .map(|d| d.as_str().filter(|d| !d.is_empty()).map(PathBuf::from))
+                .map(|d| d.as_str().map(PathBuf::from))
                 .collect::<Option<_>>()
-                .ok_or("service.cdi_spec_dirs must be a list of directories")?;
+                .ok_or(BAD_DIRS)?;
         }
         if let Some(kind) = service.get("cdi_kind") {
-            let kind = kind.as_str().filter(|k| k.contains('/'));
-            settings.kind = kind
-                .ok_or("service.cdi_kind must be a CDI kind like \"nvidia.com/gpu\"")?
-                .to_owned();
+            settings.kind = kind.as_str().ok_or(BAD_KIND)?.to_owned();
         }
+        settings.validate()?;
         Ok(settings)
     }
+
+    /// The one check of `cdi_spec_dirs` and `cdi_kind`, for the hook and the node service
+    /// alike: a file the service runs with never makes the hook refuse every container.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.spec_dirs.iter().any(|d| d.as_os_str().is_empty()) {
+            return Err(BAD_DIRS.into());
+        }
+        if !self.kind.contains('/') {
+            return Err(BAD_KIND.into());
+        }
+        Ok(())
+    }
 }
+
+const BAD_DIRS: &str =
+    "service.cdi_spec_dirs must be a list of directories, like [\"/etc/cdi\", \"/var/run/cdi\"]";
+const BAD_KIND: &str = "service.cdi_kind must be a CDI kind like \"nvidia.com/gpu\"";
 
 /// The CDI spec directories when none are configured, lowest precedence first.
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];

@@ -356,7 +356,8 @@ pub fn hook_config(
         Some(toml::Value::String(s)) if !s.is_empty() => Some(PathBuf::from(s)),
         Some(other) => {
             return Err(bad(format!(
-                "service.socket is {other}, expected a non-empty path string"
+                "service.socket is {}, expected a non-empty path string",
+                gpuplex_scheduler::quantity::shown(&other.to_string())
             )))
         }
     };

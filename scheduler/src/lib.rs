@@ -91,7 +91,7 @@ impl fmt::Display for VgpuId {
 
 /// A string that is not a vGPU id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a vGPU id: expected `vgpu-` followed by a number, like `vgpu-7`")]
+#[error("`{}` is not a vGPU id: expected `vgpu-` followed by a number, like `vgpu-7`", quantity::shown(.0))]
 pub struct VgpuIdError(pub String);
 
 impl FromStr for VgpuId {

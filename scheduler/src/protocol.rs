@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::node::{Attachment, Node, NodeError, NodeStatus, ReleaseKey, Target, VgpuRecord};
+use crate::quantity::shown;
 use crate::request::Priority;
 use crate::windows::StopSignal;
 use crate::{Handle, Instant, VgpuId};
@@ -115,13 +116,13 @@ pub enum ProtocolError {
         max: usize,
     },
     /// Not JSON, or not an object.
-    #[error("request is not a JSON object: {0}")]
+    #[error("request is not a JSON object: {}", shown(.0))]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {0}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, status")]
+    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, status", shown(.0))]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
-    #[error("{op}: {message}")]
+    #[error("{op}: {}", shown(.message))]
     Field {
         /// The operation.
         op: &'static str,

@@ -81,7 +81,7 @@ impl fmt::Display for QuantityErrorKind {
 
 /// `text` for a one-line message: control characters and line breaks are escaped (`\n`,
 /// `\u{2028}`), everything else is kept.
-pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+pub fn shown(text: &str) -> Cow<'_, str> {
     let escape = |c: char| c.is_control() || (c.is_whitespace() && c != ' ');
     if !text.chars().any(escape) {
         return Cow::Borrowed(text);

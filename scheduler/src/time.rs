@@ -76,7 +76,7 @@ impl fmt::Display for Instant {
 
 /// A duration string that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{value}` is not a duration: write a number and a unit (ns, us, ms, s, m, h), like `200ms` or `1.5s`")]
+#[error("`{}` is not a duration: write a number and a unit (ns, us, ms, s, m, h), like `200ms` or `1.5s`", crate::quantity::shown(.value))]
 pub struct DurationError {
     /// The text as written.
     pub value: String,

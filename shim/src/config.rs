@@ -263,6 +263,11 @@ impl ServiceConfig {
                 return bad(key, format!("{path:?}"), "an absolute path");
             }
         }
+        let cdi = gpuplex_hook::cdi::CdiSettings {
+            spec_dirs: self.cdi_spec_dirs.clone(),
+            kind: self.cdi_kind.clone(),
+        };
+        cdi.validate()?;
         if !self.metrics_listen.is_empty()
             && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
         {

@@ -27,6 +27,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuplex_scheduler::quantity::shown;
 use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
 
@@ -355,7 +356,7 @@ impl StateDir {
     /// error (one line) when there is one that cannot be read.
     pub fn load_frozen(&self) -> Result<SavedFrozen, String> {
         let path = self.dir.join(FROZEN);
-        match read_file(&path) {
+        let read = match read_file(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SavedFrozen::default()),
             Err(e) => Err(format!("{}: {e}", path.display())),
             Ok(bytes) => serde_json::from_slice::<SavedFrozen>(&bytes)
@@ -367,7 +368,9 @@ impl StateDir {
                         path.display()
                     )),
                 }),
-        }
+        };
+        // One line: serde's messages quote field names as written.
+        read.map_err(|why| shown(&why).into_owned())
     }
 
     /// Takes the node: an exclusive lock on `state_dir/lock`, held until the process exits (and
@@ -451,11 +454,10 @@ impl StateDir {
                 Err(why) => {
                     let bad = path.with_extension("json.bad");
                     let _ = fs::rename(&path, &bad);
-                    loaded.unreadable.push(format!(
-                        "{}: {why} (set aside as {})",
-                        path.display(),
-                        bad.display()
-                    ));
+                    // One line: serde's messages quote field names as written.
+                    let line =
+                        format!("{}: {why} (set aside as {})", path.display(), bad.display());
+                    loaded.unreadable.push(shown(&line).into_owned());
                 }
             }
         }
