@@ -9,7 +9,7 @@ mod cleanup;
 mod config;
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -85,6 +85,8 @@ pub struct Containerd {
     pub socket: PathBuf,
     /// Whether its CRI plugin is loaded (its pods live in the `k8s.io` namespace).
     cri: bool,
+    /// Its environment: PATH with the shim on it, and `$GPUPLEX_CONFIG` (`None`: removed).
+    env: Vec<(String, Option<std::ffi::OsString>)>,
     child: Option<Child>,
 }
 
@@ -118,26 +120,22 @@ impl Containerd {
         edit(&mut table);
         let text = toml::to_string(&table).expect("the containerd config serializes");
         std::fs::write(&config, text).expect("writing the containerd config");
-        let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd.log");
         let path = std::env::var_os("PATH").unwrap_or_default();
-        let mut command = Command::new("containerd");
-        command
-            .arg("--config")
-            .arg(&config)
-            .env(
-                "PATH",
+        let mut env = vec![(
+            "PATH".to_owned(),
+            Some(
                 std::env::join_paths(std::iter::once(path_dir).chain(std::env::split_paths(&path)))
                     .expect("a PATH"),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("containerd.log"))
-            .stderr(log);
-        match &setup.gpuplex_config {
-            Some(gpuplex) => command.env("GPUPLEX_CONFIG", gpuplex),
-            None => command.env_remove("GPUPLEX_CONFIG"),
-        };
-        let child = command.spawn().expect("containerd starts");
-        let containerd = Containerd {
+            ),
+        )];
+        env.push((
+            "GPUPLEX_CONFIG".to_owned(),
+            setup
+                .gpuplex_config
+                .as_ref()
+                .map(|c| c.clone().into_os_string()),
+        ));
+        let mut containerd = Containerd {
             socket: dir.join("containerd.sock"),
             namespace: format!(
                 "gpuplex-test-{}-{}",
@@ -147,9 +145,10 @@ impl Containerd {
             rootfs,
             dir,
             cri: setup.cri,
-            child: Some(child),
+            env,
+            child: None,
         };
-        containerd.wait_ready();
+        containerd.spawn();
         if setup.cri {
             let plugins = containerd.ctr(&["plugins", "ls"]);
             let cri = String::from_utf8_lossy(&plugins.stdout)
@@ -164,6 +163,38 @@ impl Containerd {
             );
         }
         containerd
+    }
+
+    /// Starts the daemon (again: a restart keeps its root, state and containers) and waits
+    /// until it answers.
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))
+            .expect("containerd.log");
+        let mut command = Command::new("containerd");
+        command
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("containerd.log"))
+            .stderr(log);
+        for (key, value) in &self.env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        self.child = Some(command.spawn().expect("containerd starts"));
+        self.wait_ready();
+    }
+
+    /// Restarts containerd (SIGTERM, then a new daemon on the same root and state); the shims,
+    /// and the containers they serve, live on.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
     }
 
     fn wait_ready(&self) {
@@ -270,38 +301,23 @@ impl Containerd {
         id: &str,
         command: &[&str],
     ) -> (ExitStatus, String) {
-        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
-        let slave = |what: &str| {
-            Stdio::from(
-                pty.slave
-                    .try_clone()
-                    .unwrap_or_else(|e| panic!("the terminal for ctr's {what}: {e}")),
-            )
-        };
-        let mut command = self.run_command(&["--rm", "--tty"], runtime, &[], id, command);
-        command
-            .stdin(slave("stdin"))
-            .stdout(slave("stdout"))
-            .stderr(slave("stderr"));
-        let mut child = command.spawn().expect("ctr runs");
-        // Only ctr may hold the terminal, so that reading ends when it exits.
-        drop(command);
-        drop(pty.slave);
-        let mut master = std::fs::File::from(pty.master);
-        let mut shown = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match master.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => shown.extend_from_slice(&buf[..n]),
-                // Linux answers EIO once the last holder of the other end closed it.
-                Err(e) if e.raw_os_error() == Some(nix::libc::EIO) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => panic!("reading ctr's terminal: {e}"),
-            }
-        }
-        let status = child.wait().expect("ctr exits");
-        (status, String::from_utf8_lossy(&shown).into_owned())
+        let command = self.run_command(&["--rm", "--tty"], runtime, &[], id, command);
+        in_terminal(command, None)
+    }
+
+    /// `ctr task exec --tty --exec-id <exec_id> <id> <command>` on a pseudo-terminal of
+    /// `rows` × `cols`: the exit status and everything the terminal showed.
+    pub fn exec_in_terminal(
+        &self,
+        id: &str,
+        exec_id: &str,
+        command: &[&str],
+        (rows, cols): (u16, u16),
+    ) -> (ExitStatus, String) {
+        let mut ctr = self.ctr_command();
+        ctr.args(["task", "exec", "--tty", "--exec-id", exec_id, id])
+            .args(command);
+        in_terminal(ctr, Some((rows, cols)))
     }
 
     /// `ctr task exec --exec-id <exec_id> <id> <command>`; no input.
@@ -432,4 +448,95 @@ impl Drop for Containerd {
         }
         cleanup::unmount_and_remove(&self.dir);
     }
+}
+
+/// Runs `command` (ctr) on a pseudo-terminal of its own (ctr needs its stdin to be a terminal),
+/// of `size` rows × columns if given: the exit status and everything the terminal showed.
+fn in_terminal(mut command: Command, size: Option<(u16, u16)>) -> (ExitStatus, String) {
+    let size = size.map(|(rows, cols)| nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    });
+    let pty = nix::pty::openpty(size.as_ref(), None).expect("a pseudo-terminal");
+    let slave = |what: &str| {
+        Stdio::from(
+            pty.slave
+                .try_clone()
+                .unwrap_or_else(|e| panic!("the terminal for ctr's {what}: {e}")),
+        )
+    };
+    command
+        .stdin(slave("stdin"))
+        .stdout(slave("stdout"))
+        .stderr(slave("stderr"));
+    let mut child = command.spawn().expect("ctr runs");
+    // Only ctr may hold the terminal, so that reading ends when it exits.
+    drop(command);
+    drop(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let mut shown = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match master.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => shown.extend_from_slice(&buf[..n]),
+            // Linux answers EIO once the last holder of the other end closed it.
+            Err(e) if e.raw_os_error() == Some(nix::libc::EIO) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("reading ctr's terminal: {e}"),
+        }
+    }
+    let status = child.wait().expect("ctr exits");
+    (status, String::from_utf8_lossy(&shown).into_owned())
+}
+
+/// The shim daemons of `binary` (a file name: `containerd-shim-gpuplex-v1`), not their `start`
+/// or `delete` runs nor the node service, each with the container id it was started for.
+pub fn shim_daemons(binary: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == binary));
+        let one_shot = args.last().is_some_and(|a| a == "start" || a == "delete");
+        let service = args.get(1).is_some_and(|a| a == "serve" || a == "watchdog");
+        if !is_shim || one_shot || service {
+            continue;
+        }
+        if let Some(i) = args.iter().position(|a| a == "-id") {
+            if let Some(id) = args.get(i + 1) {
+                found.push((pid, id.clone()));
+            }
+        }
+    }
+    found
+}
+
+/// The shim daemon of `runtime` that serves container `id`.
+pub fn shim_daemon(runtime: &str, id: &str) -> Option<u32> {
+    let binary = if runtime == GPUPLEX {
+        GPUPLEX_SHIM
+    } else {
+        "containerd-shim-runc-v2"
+    };
+    shim_daemons(binary)
+        .into_iter()
+        .find(|(_, served)| served == id)
+        .map(|(pid, _)| pid)
 }

@@ -55,31 +55,6 @@ fn entry(status: &Value, id: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// The pid of the shim daemon that serves container `id` (not its `start` or `delete` runs).
-fn shim_daemon(id: &str) -> Option<u32> {
-    for proc in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = proc.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(proc.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let is_shim = args
-            .first()
-            .is_some_and(|a| a.ends_with("containerd-shim-gpuplex-v1"));
-        let serves = args.windows(2).any(|w| w[0] == "-id" && w[1] == id);
-        let daemon = args.iter().any(|a| a == "-socket");
-        if is_shim && serves && daemon {
-            return Some(pid);
-        }
-    }
-    None
-}
-
 #[test]
 fn a_paused_container_stays_paused_through_the_windows_until_resumed() {
     let Some(rig) = busy_pair(
@@ -157,7 +132,7 @@ fn a_shim_killed_with_sigkill_leaves_nothing_reserved_or_frozen() {
         .find(|t| t.id == "killed-two")
         .map(|t| t.pid)
         .expect("the task");
-    let shim = shim_daemon("killed-one").expect("the shim daemon of container killed-one");
+    let shim = shim_daemon(GPUPLEX, "killed-one").expect("the shim daemon of container killed-one");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shim as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -245,7 +220,7 @@ fn runtime_options_from_a_config_file_choose_runcs_root_and_the_shim_sits_above_
         .unwrap_or_default();
     assert_eq!(states.len(), 1, "{} holds {states:?}", root.display());
     let ours = std::fs::read_to_string("/proc/self/oom_score_adj").expect("our OOM score");
-    let shim = shim_daemon(id).expect("the shim daemon");
+    let shim = shim_daemon(GPUPLEX, id).expect("the shim daemon");
     let score = std::fs::read_to_string(format!("/proc/{shim}/oom_score_adj")).expect("its score");
     let ours: i64 = ours.trim().parse().expect("a score");
     assert_eq!(score.trim().parse::<i64>().ok(), Some((ours + 1).min(1000)));

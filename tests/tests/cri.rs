@@ -5,7 +5,6 @@
 //! (pause) container gets none, both are served by one shim, and removing the pod releases
 //! the vGPU.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuplex_integration::containerd::*;
@@ -29,40 +28,6 @@ fn listed(status: &Value, id: &str) -> Option<Value> {
         .iter()
         .find(|c| c["id"] == id)
         .cloned()
-}
-
-/// The gpuplex shim daemons running now, as `(pid, the -id they serve)`: every
-/// `containerd-shim-gpuplex-v1` process with `-id` in its arguments that is neither the
-/// node service (`serve`) nor a short-lived `start` or `delete` run.
-fn shim_daemons() -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let is_shim = args
-            .first()
-            .is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == SHIM));
-        let one_shot = args.last().is_some_and(|a| a == "start" || a == "delete");
-        let service = args.get(1).is_some_and(|a| a == "serve");
-        if !is_shim || one_shot || service {
-            continue;
-        }
-        if let Some(i) = args.iter().position(|a| a == "-id") {
-            if let Some(id) = args.get(i + 1) {
-                found.push((pid, id.clone()));
-            }
-        }
-    }
-    found
 }
 
 /// The parent of process `pid`.
@@ -261,7 +226,7 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
 
     // One shim serves the pod: the daemon started for the sandbox, the parent of the sandbox's
     // process and of the container's.
-    let daemons = shim_daemons();
+    let daemons = shim_daemons(SHIM);
     eprintln!("gpuplex shim daemons: {daemons:?}");
     let for_pod: Vec<u32> = daemons
         .iter()
@@ -300,11 +265,11 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
         removed.elapsed().as_secs_f64() * 1e3
     );
     assert!(
-        wait_until(Duration::from_secs(5), || shim_daemons()
+        wait_until(Duration::from_secs(5), || shim_daemons(SHIM)
             .iter()
             .all(|(_, id)| *id != pod.id)),
         "the pod's shim still runs 5 s after RemovePodSandbox: {:?}",
-        shim_daemons()
+        shim_daemons(SHIM)
     );
 
     // The policy goes by the namespace CRI gives the shim: `inference` may ask for high

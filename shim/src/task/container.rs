@@ -38,6 +38,11 @@ pub struct Container {
     /// The `CUDA_VISIBLE_DEVICES=...` entry its vGPU gave its init, which its execs get too
     /// (containerd builds an exec's process from the spec it stored, before the edit).
     visible_devices: Option<String>,
+    /// Whether its init shares a PID namespace (the host's, its pod's): its other processes
+    /// then outlive it, and are killed when it exits, as containerd's runc shim does.
+    pub shares_pid_namespace: bool,
+    /// Its OOM kills, reported as `/tasks/oom`.
+    pub oom: Option<super::oom::OomWatch>,
 }
 
 /// runc with the shim's reaper, its log in the bundle, as `options` say.
@@ -70,12 +75,48 @@ pub fn runc_failure(bundle: &Path, fallback: &runc::error::Error) -> String {
         .unwrap_or_else(|| fallback.to_string())
 }
 
+/// Whether the bundle's config.json puts init in a PID namespace it shares: false only for a
+/// `pid` namespace of its own (no path); true for the host's (none listed), one joined by path,
+/// or a config that cannot be read (containerd's runc shim reads it the same way).
+fn shares_pid_namespace(bundle: &Path) -> bool {
+    let Some(config) = std::fs::read(bundle.join("config.json"))
+        .ok()
+        .and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok())
+    else {
+        return true;
+    };
+    let own = config["linux"]["namespaces"]
+        .as_array()
+        .is_some_and(|list| {
+            list.iter()
+                .any(|ns| ns["type"] == "pid" && ns["path"].as_str().is_none_or(str::is_empty))
+        });
+    !own
+}
+
+/// A failed `runc kill` of init, as containerd's runc shim reads it: a process that is gone is
+/// not found (`process already finished`), so is a container runc no longer knows.
+fn kill_error(why: String) -> TaskError {
+    let gone = [
+        "process already finished",
+        "container not running",
+        "no such process",
+    ];
+    if gone.iter().any(|g| why.contains(g)) {
+        TaskError::NotFound("process already finished".into())
+    } else if why.contains("does not exist") {
+        TaskError::NotFound("no such container".into())
+    } else {
+        TaskError::State(format!("unknown error after kill: {why}"))
+    }
+}
+
 fn pid_file(path: &Path) -> Result<u32, TaskError> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|text| text.trim().parse().ok())
         .ok_or_else(|| TaskError::Runc {
-            what: "read the pid file",
+            what: "failed to retrieve OCI runtime container pid",
             why: format!("{} is missing or not a pid", path.display()),
         })
 }
@@ -109,6 +150,8 @@ impl Container {
             vgpu: None,
             mounted_rootfs: false,
             visible_devices: None,
+            shares_pid_namespace: shares_pid_namespace(&bundle),
+            oom: None,
         };
         write_runc_options(&bundle, &container.options);
         for m in &req.rootfs {
@@ -171,7 +214,7 @@ impl Container {
         self.runc
             .create(&self.id, &self.bundle, Some(&opts))
             .map_err(|e| TaskError::Runc {
-                what: "create the container",
+                what: "OCI runtime create failed",
                 why: runc_failure(&self.bundle, &e),
             })?;
         self.init.pid = pid_file(&pid_path)?;
@@ -205,49 +248,66 @@ impl Container {
         }
         self.execs
             .get(exec_id)
-            .ok_or_else(|| TaskError::NotFound(format!("exec {exec_id} of {}", self.id)))
+            .ok_or_else(|| TaskError::NotFound(format!("process does not exist {exec_id}")))
     }
 
     fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process, TaskError> {
         if exec_id.is_empty() {
             return Ok(&mut self.init);
         }
-        let id = self.id.clone();
         self.execs
             .get_mut(exec_id)
-            .ok_or_else(|| TaskError::NotFound(format!("exec {exec_id} of {id}")))
+            .ok_or_else(|| TaskError::NotFound(format!("process does not exist {exec_id}")))
+    }
+
+    /// Refuses what a process's state does not allow, in containerd's runc shim's words:
+    /// `cannot <verb> a running process`.
+    fn refuse(verb: &str, state: Lifecycle) -> TaskError {
+        let state = match state {
+            Lifecycle::Running => "running",
+            Lifecycle::Paused => "paused",
+            Lifecycle::Created | Lifecycle::StartFailed => "created",
+            Lifecycle::Stopped { .. } => "stopped",
+        };
+        TaskError::State(format!("cannot {verb} a {state} process"))
+    }
+
+    /// Refuses an exec the init's state does not allow (`cannot exec in a stopped state`).
+    pub fn check_exec(&self) -> Result<(), TaskError> {
+        let state = match self.init.lifecycle.get() {
+            Lifecycle::Running => return Ok(()),
+            Lifecycle::Paused => "paused",
+            Lifecycle::Created | Lifecycle::StartFailed => "created",
+            Lifecycle::Stopped { .. } => "stopped",
+        };
+        Err(TaskError::State(format!("cannot exec in a {state} state")))
     }
 
     /// `Start`: init (`runc start`) or an exec (`runc exec --detach`); its pid.
     pub fn start(&mut self, exec_id: &str) -> Result<u32, TaskError> {
         if exec_id.is_empty() {
-            if self.init.lifecycle.get() != Lifecycle::Created {
-                return Err(TaskError::Precondition(format!(
-                    "{} is not in the created state",
-                    self.id
-                )));
+            let state = self.init.lifecycle.get();
+            if state != Lifecycle::Created {
+                return Err(Container::refuse("start", state));
             }
             self.runc.start(&self.id).map_err(|e| TaskError::Runc {
-                what: "start the container",
+                what: "OCI runtime start failed",
                 why: runc_failure(&self.bundle, &e),
             })?;
             self.init.lifecycle.set(Lifecycle::Running);
             return Ok(self.init.pid);
         }
-        if !matches!(self.init.lifecycle.get(), Lifecycle::Running) {
-            return Err(TaskError::Precondition(format!(
-                "{} is not running; cannot start exec {exec_id}",
-                self.id
-            )));
-        }
+        self.check_exec()?;
         let (id, bundle) = (self.id.clone(), self.bundle.clone());
         let (uid, gid) = (self.options.io_uid, self.options.io_gid);
         let runc = self.runc.clone();
         let freezer = self.scheduler_freezer();
         let exec = self.process_mut(exec_id)?;
-        let spec = exec.spec.clone().ok_or_else(|| {
-            TaskError::Precondition(format!("exec {exec_id} was started already"))
-        })?;
+        let state = exec.lifecycle.get();
+        let spec = match (state, exec.spec.clone()) {
+            (Lifecycle::Created, Some(spec)) => spec,
+            _ => return Err(Container::refuse("start", state)),
+        };
         let pid_path = bundle.join(format!("exec-{exec_id}.pid"));
         let paths = exec.stdio.clone();
         let mut opts = ExecOpts::new().pid_file(&pid_path).detach(true);
@@ -264,8 +324,11 @@ impl Container {
             if freezer.is_some() && why.contains("paused container") {
                 return Err(TaskError::FrozenMeanwhile(id));
             }
+            // As containerd's runc shim: the exec stays created, a wait for it returns.
+            exec.spec = None;
+            exec.lifecycle.set(Lifecycle::StartFailed);
             return Err(TaskError::Runc {
-                what: "exec in the container",
+                what: "OCI runtime exec failed",
                 why,
             });
         }
@@ -307,41 +370,40 @@ impl Container {
         FreezerCgroup::of_pid(self.init.pid, &hierarchies).ok()
     }
 
-    /// `Kill`.
+    /// What kills every process of the container when its init has exited in a shared PID
+    /// namespace (`runc kill --all <id> SIGKILL`); `None` when it has a PID namespace of its own.
+    pub fn kill_all_on_exit(&self) -> Option<impl FnOnce() + Send + 'static> {
+        if !self.shares_pid_namespace {
+            return None;
+        }
+        let (runc, id) = (self.runc.clone(), self.id.clone());
+        Some(move || {
+            if let Err(e) = runc.kill(&id, libc::SIGKILL as u32, Some(&KillOpts::new().all(true))) {
+                log::warn!("{id}: its init exited; killing the rest of its processes failed: {e}");
+            }
+        })
+    }
+
+    /// `Kill`: init through `runc kill` (`--all` when asked), an exec by its pid (`all` means
+    /// nothing there, as in containerd's runc shim).
     pub fn kill(&self, exec_id: &str, signal: u32, all: bool) -> Result<(), TaskError> {
         let process = self.process(exec_id)?;
         if let Lifecycle::Stopped { .. } = process.lifecycle.get() {
-            return Err(TaskError::NotFound(format!(
-                "process {} already finished",
-                self.name(exec_id)
-            )));
+            return Err(TaskError::NotFound("process already finished".into()));
         }
         if exec_id.is_empty() {
             return self
                 .runc
                 .kill(&self.id, signal, Some(&KillOpts::new().all(all)))
-                .map_err(|e| TaskError::Runc {
-                    what: "kill the container",
-                    why: runc_failure(&self.bundle, &e),
-                });
+                .map_err(|e| kill_error(runc_failure(&self.bundle, &e)));
         }
         if process.pid == 0 {
-            return Err(TaskError::Precondition(format!(
-                "exec {exec_id} has not started"
-            )));
+            return Err(TaskError::Precondition("process not created".into()));
         }
         let signal = nix::sys::signal::Signal::try_from(signal as i32)
             .map_err(|_| TaskError::Invalid(format!("{signal} is not a signal")))?;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(process.pid as i32), signal)
-            .map_err(|e| TaskError::NotFound(format!("process {}: {e}", self.name(exec_id))))
-    }
-
-    fn name(&self, exec_id: &str) -> String {
-        if exec_id.is_empty() {
-            self.id.clone()
-        } else {
-            format!("{}/{exec_id}", self.id)
-        }
+            .map_err(|_| TaskError::NotFound("exec kill error: process already finished".into()))
     }
 
     /// `Pause` and `Resume`. A container with a vGPU is held by the node service first (it
@@ -360,18 +422,18 @@ impl Container {
                 .scheduler_freezer()
                 .is_some_and(|f| f.is_frozen().unwrap_or(false));
         let (result, state, what) = if frozen_already {
-            (Ok(()), Lifecycle::Paused, "pause the container")
+            (Ok(()), Lifecycle::Paused, "OCI runtime pause failed")
         } else if paused {
             (
                 self.runc.pause(&self.id),
                 Lifecycle::Paused,
-                "pause the container",
+                "OCI runtime pause failed",
             )
         } else {
             (
                 self.runc.resume(&self.id),
                 Lifecycle::Running,
-                "resume the container",
+                "OCI runtime resume failed",
             )
         };
         if let Err(e) = result {
@@ -392,10 +454,10 @@ impl Container {
 
     /// The pids of the container's processes (`runc ps`).
     pub fn pids(&self) -> Result<Vec<u32>, TaskError> {
-        let pids = self.runc.ps(&self.id).map_err(|e| TaskError::Runc {
-            what: "list the container's processes",
-            why: runc_failure(&self.bundle, &e),
-        })?;
+        let pids = self
+            .runc
+            .ps(&self.id)
+            .map_err(|e| TaskError::RuncSaid(runc_failure(&self.bundle, &e)))?;
         Ok(pids.into_iter().map(|p| p as u32).collect())
     }
 
@@ -403,10 +465,7 @@ impl Container {
     pub fn update(&self, resources: &oci_spec::runtime::LinuxResources) -> Result<(), TaskError> {
         self.runc
             .update(&self.id, resources)
-            .map_err(|e| TaskError::Runc {
-                what: "update the container",
-                why: runc_failure(&self.bundle, &e),
-            })
+            .map_err(|e| TaskError::RuncSaid(runc_failure(&self.bundle, &e)))
     }
 
     /// `Delete` of init: `runc delete`, the rootfs unmounted, the vGPU released. Its exit.

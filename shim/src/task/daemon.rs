@@ -41,19 +41,27 @@ pub fn serve(flags: &Flags) -> Result<(), String> {
         ));
     }
     let _ = containerd_shim::logger::init(flags.debug, "info", &flags.namespace, &flags.id);
-    std::thread::spawn(move || {
-        for signal in signals.forever() {
-            if signal == SIGCHLD {
-                reap();
-            }
-        }
-    });
 
     let ttrpc_address =
         std::env::var("TTRPC_ADDRESS").map_err(|_| "TTRPC_ADDRESS is not set".to_owned())?;
     let publisher = RemotePublisher::new(&ttrpc_address)
         .map_err(|e| format!("cannot reach containerd at {ttrpc_address}: {e}"))?;
     let mut shim = GpuplexShim::new(super::RUNTIME_ID, flags, &mut Config::default());
+    // SIGTERM or SIGINT ends the daemon as a Shutdown would, whatever containers remain (as
+    // containerd's runc shim does; containerd cleans up after it with `delete`).
+    let exit = shim.exit_signal();
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            match signal {
+                SIGCHLD => reap(),
+                SIGTERM | SIGINT => {
+                    log::info!("stopping on signal {signal}");
+                    exit.signal();
+                }
+                _ => {}
+            }
+        }
+    });
     let task: Arc<dyn containerd_shim::Task + Send + Sync> =
         Arc::new(shim.create_task_service(publisher));
     let mut methods: HashMap<String, Box<dyn ttrpc::MethodHandler + Send + Sync>> = HashMap::new();

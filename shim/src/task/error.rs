@@ -4,29 +4,43 @@ use containerd_shim::protos::ttrpc::{self, Code};
 
 use super::options::OptionsError;
 
-/// A failed task request. containerd shows the message to the user (`ctr: ...`).
+/// A failed task request. containerd shows the message to the user (`ctr: ...`), and clients
+/// (containerd's own, the kubelet) match on its code and on some of its words, so both follow
+/// containerd's runc shim: errdefs' suffixes (`: not found`, `: failed precondition`,
+/// `: already exists`) and runc's prefixes (`OCI runtime exec failed: ...`).
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
     /// No such container or process.
     #[error("{0}: not found")]
     NotFound(String),
-    /// The request does not fit the container's state.
-    #[error("{0}")]
+    /// The request does not fit the process's state (errdefs' failed precondition).
+    #[error("{0}: failed precondition")]
     Precondition(String),
+    /// An id in use already.
+    #[error("{0}: already exists")]
+    AlreadyExists(String),
+    /// A state the runc shim refuses without an errdefs code ("cannot delete a running
+    /// process"): ttrpc's unknown.
+    #[error("{0}")]
+    State(String),
     /// A malformed request.
     #[error("{0}")]
     Invalid(String),
     /// Runtime options that cannot be used.
     #[error(transparent)]
     Options(#[from] OptionsError),
-    /// runc failed; `why` is what runc logged.
-    #[error("runc could not {what}: {why}")]
+    /// runc failed: `what` is containerd's prefix for the operation (`OCI runtime create
+    /// failed`), `why` what runc logged.
+    #[error("{what}: {why}")]
     Runc {
-        /// What the shim asked of runc.
+        /// The operation, as containerd's runc shim says it failed.
         what: &'static str,
         /// What runc said.
         why: String,
     },
+    /// runc failed where containerd's runc shim passes runc's own words on (ps, update).
+    #[error("{0}")]
+    RuncSaid(String),
     /// The vGPU could not be given (a bad annotation, no GPU that fits, no node service).
     #[error("gpuplex: {0}")]
     Vgpu(String),
@@ -53,11 +67,15 @@ impl TaskError {
     fn code(&self) -> Code {
         match self {
             TaskError::NotFound(_) => Code::NOT_FOUND,
+            TaskError::AlreadyExists(_) => Code::ALREADY_EXISTS,
             TaskError::Precondition(_) | TaskError::FrozenMeanwhile(_) => Code::FAILED_PRECONDITION,
             TaskError::Invalid(_) | TaskError::Options(_) | TaskError::Vgpu(_) => {
                 Code::INVALID_ARGUMENT
             }
-            TaskError::Runc { .. } | TaskError::Io { .. } => Code::UNKNOWN,
+            TaskError::Runc { .. }
+            | TaskError::RuncSaid(_)
+            | TaskError::State(_)
+            | TaskError::Io { .. } => Code::UNKNOWN,
         }
     }
 }
@@ -90,7 +108,25 @@ mod tests {
             message.starts_with("gpuplex: gpuplex.io/weight"),
             "{message}"
         );
-        let (code, _) = status(TaskError::Precondition("c1 is not running".into()));
-        assert_eq!(code, Code::FAILED_PRECONDITION);
+        assert_eq!(
+            status(TaskError::Precondition("process not created".into())),
+            (
+                Code::FAILED_PRECONDITION,
+                "process not created: failed precondition".into()
+            )
+        );
+        assert_eq!(
+            status(TaskError::AlreadyExists("id e1".into())),
+            (Code::ALREADY_EXISTS, "id e1: already exists".into())
+        );
+        let (code, message) = status(TaskError::Runc {
+            what: "OCI runtime exec failed",
+            why: "exec failed: unable to start container process".into(),
+        });
+        assert_eq!(code, Code::UNKNOWN);
+        assert_eq!(
+            message,
+            "OCI runtime exec failed: exec failed: unable to start container process"
+        );
     }
 }

@@ -9,7 +9,9 @@ use containerd_shim::api::Status;
 use super::stdio::{ProcessIo, StdioPaths};
 
 /// Where a process is in its life. The transitions: Created → Running (start) → Stopped (its
-/// exit); Running ⇄ Paused (the user's pause and resume, init only).
+/// exit); Running ⇄ Paused (the user's pause and resume, init only); Created → StartFailed (an
+/// exec that runc could not start: as containerd's runc shim, it reads as created, a wait for it
+/// returns at once with status 0 at Go's zero time, and it gives no exit event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
     /// Created by runc, not started.
@@ -18,6 +20,8 @@ pub enum Lifecycle {
     Running,
     /// Frozen by the user.
     Paused,
+    /// An exec that runc could not start.
+    StartFailed,
     /// Exited, with its status and when.
     Stopped {
         /// The exit status (128 + the signal for a killed process).
@@ -31,12 +35,18 @@ impl Lifecycle {
     /// containerd's name for it.
     pub fn status(self) -> Status {
         match self {
-            Lifecycle::Created => Status::CREATED,
+            Lifecycle::Created | Lifecycle::StartFailed => Status::CREATED,
             Lifecycle::Running => Status::RUNNING,
             Lifecycle::Paused => Status::PAUSED,
             Lifecycle::Stopped { .. } => Status::STOPPED,
         }
     }
+}
+
+/// Go's zero time (0001-01-01T00:00:00Z), which containerd's runc shim reports as the exit time
+/// of a process that has none.
+pub fn go_zero_time() -> SystemTime {
+    SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(62_135_596_800)
 }
 
 /// A process's lifecycle, shared with the threads that wait for its exit.
@@ -60,21 +70,24 @@ impl LifecycleCell {
         *self.now.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Moves to `state`; an exit is final.
+    /// Moves to `state`; an exit, or a failed start, is final.
     pub fn set(&self, state: Lifecycle) {
         let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
-        if !matches!(*now, Lifecycle::Stopped { .. }) {
+        if !matches!(*now, Lifecycle::Stopped { .. } | Lifecycle::StartFailed) {
             *now = state;
         }
         self.changed.notify_all();
     }
 
-    /// Blocks until the process has exited; its status and when.
+    /// Blocks until the process has exited (or failed to start: status 0 at
+    /// [`go_zero_time`]); its status and when.
     pub fn wait_exit(&self) -> (u32, SystemTime) {
         let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Lifecycle::Stopped { status, at } = *now {
-                return (status, at);
+            match *now {
+                Lifecycle::Stopped { status, at } => return (status, at),
+                Lifecycle::StartFailed => return (0, go_zero_time()),
+                _ => {}
             }
             now = self.changed.wait(now).unwrap_or_else(|e| e.into_inner());
         }
@@ -137,5 +150,19 @@ mod tests {
         }
         assert_eq!(cell.get(), Lifecycle::Stopped { status: 137, at });
         assert_eq!(cell.get().status(), Status::STOPPED);
+    }
+
+    #[test]
+    fn a_failed_start_is_final_reads_as_created_and_releases_its_waiters_at_once() {
+        let cell = LifecycleCell::new(Lifecycle::Created);
+        let waiter = {
+            let cell = Arc::clone(&cell);
+            std::thread::spawn(move || cell.wait_exit())
+        };
+        cell.set(Lifecycle::StartFailed);
+        assert_eq!(waiter.join().unwrap(), (0, go_zero_time()));
+        cell.set(Lifecycle::Running);
+        assert_eq!(cell.get(), Lifecycle::StartFailed);
+        assert_eq!(cell.get().status(), Status::CREATED);
     }
 }

@@ -31,9 +31,9 @@ use containerd_shim::{ExitSignal, Task, TtrpcContext};
 
 use super::container::{wait_thawed, Container, EXEC_WINDOW_WAIT};
 use super::error::TaskError;
-use super::events::{timestamp, EventSink};
+use super::events::{timestamp, EventSink, Remote, RETRY_AFTER};
 use super::options::RuntimeOptions;
-use super::process::{Lifecycle, Process};
+use super::process::{go_zero_time, Lifecycle, Process};
 use super::stdio::StdioPaths;
 use super::vgpu::NodeLink;
 
@@ -64,7 +64,14 @@ impl TaskService {
     pub fn new(publisher: RemotePublisher, namespace: &str, exit: Arc<ExitSignal>) -> TaskService {
         let shared = Arc::new(Shared {
             containers: Mutex::new(HashMap::new()),
-            events: Arc::new(EventSink::new(publisher, namespace.to_owned())),
+            events: Arc::new(EventSink::new(
+                Remote::new(
+                    std::env::var("TTRPC_ADDRESS").unwrap_or_default(),
+                    publisher,
+                ),
+                namespace.to_owned(),
+                &RETRY_AFTER,
+            )),
             namespace: namespace.to_owned(),
             node: NodeLink::from_env(),
             exit,
@@ -106,19 +113,36 @@ impl TaskService {
             containers.values().find_map(|c| {
                 let mut processes = std::iter::once(&c.init).chain(c.execs.values());
                 let p = processes.find(|p| p.pid == pid as u32)?;
-                let id = if p.exec_id.is_empty() {
-                    c.id.clone()
+                let (id, kill_all, oom) = if p.exec_id.is_empty() {
+                    (c.id.clone(), c.kill_all_on_exit(), c.oom.clone())
                 } else {
-                    p.exec_id.clone()
+                    (p.exec_id.clone(), None, None)
                 };
                 let output = p.io.as_ref().map(|io| io.output_waiter());
-                Some((c.id.clone(), id, Arc::clone(&p.lifecycle), output))
+                Some((
+                    c.id.clone(),
+                    id,
+                    Arc::clone(&p.lifecycle),
+                    output,
+                    kill_all,
+                    oom,
+                ))
             })
         };
         // Not ours: one of runc's own runs.
-        let Some((container_id, id, lifecycle, output)) = found else {
+        let Some((container_id, id, lifecycle, output, kill_all, oom)) = found else {
             return;
         };
+        // An OOM kill whose notification the watcher has not taken yet goes out before the exit
+        // (the cgroup is still there: it goes at Delete).
+        if let Some(oom) = oom {
+            oom.catch_up();
+        }
+        // An init that exits in a shared PID namespace leaves its other processes behind,
+        // holding its output open: they go first, as under containerd's runc shim.
+        if let Some(kill_all) = kill_all {
+            kill_all();
+        }
         // containerd stops reading a process's output once it learns of the exit; what the
         // process wrote last is in its pipe or terminal, and reaches the fifo first.
         if let Some(output) = output {
@@ -152,7 +176,7 @@ impl TaskService {
         let mut containers = self.containers();
         let c = containers
             .get_mut(id)
-            .ok_or_else(|| TaskError::NotFound(format!("container {id}")))?;
+            .ok_or_else(|| TaskError::NotFound("container not created".into()))?;
         f(c)
     }
 
@@ -176,15 +200,11 @@ impl TaskService {
         }
         let mut containers = self.containers();
         if containers.contains_key(&req.id) {
-            return Err(TaskError::Precondition(format!(
-                "container {} already exists",
-                req.id
-            )));
+            return Err(TaskError::AlreadyExists(format!("container {}", req.id)));
         }
         let namespace = &self.shared.namespace;
-        let container = Container::create(&req, options, namespace, self.node())?;
+        let mut container = Container::create(&req, options, namespace, self.node())?;
         let pid = container.init.pid;
-        containers.insert(req.id.clone(), container);
         if let Some(dir) = super::oom::memory_cgroup(pid) {
             let (events, id) = (Arc::clone(&self.shared.events), req.id.clone());
             let watched = super::oom::watch(&dir, move || {
@@ -194,10 +214,12 @@ impl TaskService {
                 };
                 events.send(topics::TASK_OOM_EVENT_TOPIC, Box::new(event));
             });
-            if let Err(e) = watched {
-                log::warn!("cannot watch {} for OOM kills: {e}", dir.display());
+            match watched {
+                Ok(watch) => container.oom = Some(watch),
+                Err(e) => log::warn!("cannot watch {} for OOM kills: {e}", dir.display()),
             }
         }
+        containers.insert(req.id.clone(), container);
         let event = TaskCreate {
             container_id: req.id.clone(),
             bundle: req.bundle.clone(),
@@ -257,19 +279,23 @@ impl TaskService {
         let mut containers = self.containers();
         let c = containers
             .get_mut(&req.id)
-            .ok_or_else(|| TaskError::NotFound(format!("container {}", req.id)))?;
-        if !req.exec_id.is_empty() {
-            let exec = c.process(&req.exec_id)?;
-            if exec.lifecycle.get() == Lifecycle::Running {
-                return Err(TaskError::Precondition(format!(
-                    "exec {} is running",
-                    req.exec_id
-                )));
+            .ok_or_else(|| TaskError::NotFound("container not created".into()))?;
+        // As containerd's runc shim: a running (or paused) process is not deleted.
+        let state = c.process(&req.exec_id)?.lifecycle.get();
+        match state {
+            Lifecycle::Running => {
+                return Err(TaskError::State("cannot delete a running process".into()))
             }
+            Lifecycle::Paused => {
+                return Err(TaskError::State("cannot delete a paused process".into()))
+            }
+            _ => {}
+        }
+        if !req.exec_id.is_empty() {
             let exec = c.execs.remove(&req.exec_id).expect("checked above");
             let (status, at) = match exec.lifecycle.get() {
                 Lifecycle::Stopped { status, at } => (status, at),
-                _ => (0, SystemTime::now()),
+                _ => (0, go_zero_time()),
             };
             return Ok(DeleteResponse {
                 pid: exec.pid,
@@ -304,12 +330,18 @@ impl TaskService {
         self.with(&req.id, |c| {
             let p: &Process = c.process(&req.exec_id)?;
             let state = p.lifecycle.get();
-            let (exit_status, exited_at) = match state {
-                Lifecycle::Stopped { status, at } => (status, MessageField::some(timestamp(at))),
-                _ => (0, MessageField::none()),
+            let (exit_status, at) = match state {
+                Lifecycle::Stopped { status, at } => (status, at),
+                _ => (0, go_zero_time()),
+            };
+            // As containerd's runc shim: an exec's state names the exec in `id`.
+            let id = if req.exec_id.is_empty() {
+                &req.id
+            } else {
+                &req.exec_id
             };
             Ok(StateResponse {
-                id: req.id.clone(),
+                id: id.clone(),
                 bundle: c.bundle.display().to_string(),
                 pid: p.pid,
                 status: state.status().into(),
@@ -318,8 +350,7 @@ impl TaskService {
                 stderr: p.stdio.stderr.clone(),
                 terminal: p.stdio.terminal,
                 exit_status,
-                exited_at,
-                exec_id: req.exec_id.clone(),
+                exited_at: MessageField::some(timestamp(at)),
                 ..Default::default()
             })
         })
@@ -329,20 +360,21 @@ impl TaskService {
         let spec = req.spec.as_ref().ok_or_else(|| {
             TaskError::Invalid(format!("exec {} has no process spec", req.exec_id))
         })?;
-        let spec: oci_spec::runtime::Process =
+        let mut spec: oci_spec::runtime::Process =
             serde_json::from_slice(&spec.value).map_err(|e| {
                 TaskError::Invalid(format!(
                     "exec {}: the process spec is not valid: {e}",
                     req.exec_id
                 ))
             })?;
+        // The request's terminal wins over the spec's, as in containerd's runc shim (a client
+        // may ask for one without saying so in the spec).
+        spec.set_terminal(Some(req.terminal));
         self.with(&req.id, |c| {
             if c.execs.contains_key(&req.exec_id) {
-                return Err(TaskError::Precondition(format!(
-                    "exec {} already exists",
-                    req.exec_id
-                )));
+                return Err(TaskError::AlreadyExists(format!("id {}", req.exec_id)));
             }
+            c.check_exec()?;
             let stdio = StdioPaths {
                 stdin: req.stdin.clone(),
                 stdout: req.stdout.clone(),
@@ -511,11 +543,18 @@ impl Task for TaskService {
     fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         self.with(&req.id, |c| {
             let p = c.process(&req.exec_id)?;
-            let io =
-                p.io.as_ref()
-                    .ok_or_else(|| TaskError::Precondition("the process has not started".into()))?;
-            io.resize(req.width, req.height)
-                .map_err(|e| TaskError::io("resize the terminal", e))
+            let stopped = matches!(p.lifecycle.get(), Lifecycle::Stopped { .. });
+            if stopped && !req.exec_id.is_empty() {
+                return Err(TaskError::State("cannot resize a stopped container".into()));
+            }
+            // As containerd's runc shim: a process without a terminal has nothing to resize,
+            // and that is no error.
+            match p.io.as_ref().filter(|_| p.stdio.terminal) {
+                Some(io) => io
+                    .resize(req.width, req.height)
+                    .map_err(|e| TaskError::io("resize the terminal", e)),
+                None => Ok(()),
+            }
         })?;
         Ok(Empty::new())
     }

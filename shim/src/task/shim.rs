@@ -53,6 +53,13 @@ fn reply_plain(address: &str) -> ! {
     std::process::exit(0);
 }
 
+impl GpuplexShim {
+    /// What ends the daemon (a Shutdown, SIGTERM).
+    pub fn exit_signal(&self) -> Arc<ExitSignal> {
+        Arc::clone(&self.exit)
+    }
+}
+
 impl Shim for GpuplexShim {
     type T = TaskService;
 
