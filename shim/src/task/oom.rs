@@ -1,7 +1,8 @@
 //! OOM kills in a container's memory cgroup, reported as containerd's `/tasks/oom` event, as
-//! runc's shim reports them: cgroup v1's `memory.oom_control` notification through an eventfd
-//! registered in `cgroup.event_control`, counted by `oom_kill` so that each kill is reported
-//! once, and before the container's exit.
+//! runc's shim reports them: on cgroup v1, `memory.oom_control`'s notification through an
+//! eventfd registered in `cgroup.event_control`; on cgroup2, a change of `memory.events` seen
+//! through inotify. Either way kills are counted by `oom_kill`, so that each is reported once,
+//! and before the container's exit.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -11,10 +12,40 @@ use std::sync::{Arc, Mutex};
 
 use super::metrics::v1_directories;
 
-/// The v1 memory cgroup of `pid`, if it has one.
-pub fn memory_cgroup(pid: u32) -> Option<PathBuf> {
+/// Where a container's OOM kills are counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemoryCgroup {
+    /// A v1 memory cgroup (`memory.oom_control`).
+    V1(PathBuf),
+    /// A cgroup2 cgroup with the memory controller (`memory.events`).
+    V2(PathBuf),
+}
+
+impl MemoryCgroup {
+    /// The file whose `oom_kill` line counts the kills.
+    fn counter(&self) -> PathBuf {
+        match self {
+            MemoryCgroup::V1(dir) => dir.join("memory.oom_control"),
+            MemoryCgroup::V2(dir) => dir.join("memory.events"),
+        }
+    }
+}
+
+/// The memory cgroup of `pid`: its v1 one, else its cgroup2 one when that has the memory
+/// controller.
+pub fn memory_cgroup(pid: u32) -> Option<MemoryCgroup> {
     let proc_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    v1_directories(&proc_cgroup).remove("memory")
+    if let Some(dir) = v1_directories(&proc_cgroup).remove("memory") {
+        return Some(MemoryCgroup::V1(dir));
+    }
+    let unified = crate::cgroup::Hierarchies::of_this_machine()
+        .ok()?
+        .unified?;
+    let path = crate::cgroup::ProcCgroup::parse(&proc_cgroup).unified?;
+    let dir = unified.join(path.trim_start_matches('/'));
+    dir.join("memory.events")
+        .is_file()
+        .then_some(MemoryCgroup::V2(dir))
 }
 
 /// The OOM kills of one v1 memory cgroup, reported once each: by the watcher thread when the
@@ -22,7 +53,7 @@ pub fn memory_cgroup(pid: u32) -> Option<PathBuf> {
 /// container's exit), by [`OomWatch::catch_up`] before the exit is reported.
 #[derive(Clone)]
 pub struct OomWatch {
-    dir: PathBuf,
+    cgroup: MemoryCgroup,
     /// The kills reported so far.
     reported: Arc<Mutex<u64>>,
     on_oom: Arc<dyn Fn() + Send + Sync>,
@@ -30,7 +61,9 @@ pub struct OomWatch {
 
 impl std::fmt::Debug for OomWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OomWatch").field("dir", &self.dir).finish()
+        f.debug_struct("OomWatch")
+            .field("cgroup", &self.cgroup)
+            .finish()
     }
 }
 
@@ -38,8 +71,12 @@ impl OomWatch {
     /// Reports the kills of its cgroup not reported yet; false when the cgroup cannot be read
     /// (it is gone).
     pub fn catch_up(&self) -> bool {
-        let Some(kills) = oom_kills(&self.dir) else {
+        let Ok(text) = std::fs::read_to_string(self.cgroup.counter()) else {
             return false;
+        };
+        // A file caught between two writes (the tests') has no count yet: nothing new.
+        let Some(kills) = oom_kills(&text) else {
+            return true;
         };
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         while *reported < kills {
@@ -50,17 +87,38 @@ impl OomWatch {
     }
 }
 
-/// The `oom_kill` count of a v1 memory cgroup's `memory.oom_control`.
-fn oom_kills(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("memory.oom_control")).ok()?;
+/// The `oom_kill` count in the text of `memory.oom_control` (v1) or `memory.events` (cgroup2).
+fn oom_kills(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|n| n.trim().parse().ok())
 }
 
-/// Calls `on_oom` at each OOM kill in the v1 memory cgroup `dir`, from a thread that ends when
-/// the cgroup is removed (the kernel signals the eventfd then too).
-pub fn watch(dir: &Path, on_oom: impl Fn() + Send + Sync + 'static) -> io::Result<OomWatch> {
+/// Calls `on_oom` at each OOM kill in `cgroup`, from a thread that ends when the cgroup is
+/// removed or emptied.
+pub fn watch(
+    cgroup: &MemoryCgroup,
+    on_oom: impl Fn() + Send + Sync + 'static,
+) -> io::Result<OomWatch> {
+    let watch = OomWatch {
+        cgroup: cgroup.clone(),
+        reported: Arc::new(Mutex::new(
+            std::fs::read_to_string(cgroup.counter())
+                .ok()
+                .and_then(|t| oom_kills(&t))
+                .unwrap_or(0),
+        )),
+        on_oom: Arc::new(on_oom),
+    };
+    match cgroup {
+        MemoryCgroup::V1(dir) => watch_v1(dir, watch.clone())?,
+        MemoryCgroup::V2(dir) => watch_v2(dir, watch.clone())?,
+    }
+    Ok(watch)
+}
+
+/// v1: the kernel signals an eventfd at each OOM (and when the cgroup is removed).
+fn watch_v1(dir: &Path, watcher: OomWatch) -> io::Result<()> {
     // SAFETY: eventfd takes integers and returns a new descriptor or -1.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
@@ -73,12 +131,6 @@ pub fn watch(dir: &Path, on_oom: impl Fn() + Send + Sync + 'static) -> io::Resul
         dir.join("cgroup.event_control"),
         format!("{} {}", events.as_raw_fd(), control.as_raw_fd()),
     )?;
-    let watch = OomWatch {
-        dir: dir.to_path_buf(),
-        reported: Arc::new(Mutex::new(oom_kills(dir).unwrap_or(0))),
-        on_oom: Arc::new(on_oom),
-    };
-    let watcher = watch.clone();
     std::thread::spawn(move || {
         let _control = control;
         let mut count = [0u8; 8];
@@ -88,5 +140,69 @@ pub fn watch(dir: &Path, on_oom: impl Fn() + Send + Sync + 'static) -> io::Resul
             }
         }
     });
-    Ok(watch)
+    Ok(())
+}
+
+/// cgroup2: `memory.events` changes at each OOM; `cgroup.events` says when the cgroup is empty.
+fn watch_v2(dir: &Path, watcher: OomWatch) -> io::Result<()> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(io::Error::from)?;
+    for file in ["memory.events", "cgroup.events"] {
+        inotify
+            .add_watch(&dir.join(file), AddWatchFlags::IN_MODIFY)
+            .map_err(io::Error::from)?;
+    }
+    let populated = dir.join("cgroup.events");
+    std::thread::spawn(move || {
+        while inotify.read_events().is_ok() {
+            if !watcher.catch_up() {
+                return;
+            }
+            let empty = std::fs::read_to_string(&populated)
+                .map_or(true, |t| t.lines().any(|l| l == "populated 0"));
+            if empty {
+                return;
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn cgroup2_oom_kills_are_reported_once_each_until_the_cgroup_empties() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("memory.events");
+        let cgroup_events = dir.path().join("cgroup.events");
+        std::fs::write(&events, "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        std::fs::write(&cgroup_events, "populated 1\nfrozen 0\n").unwrap();
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let cgroup = MemoryCgroup::V2(dir.path().to_path_buf());
+        let watch = watch(&cgroup, move || {
+            let _ = tx.lock().unwrap().send(());
+        })
+        .unwrap();
+        let wait = Duration::from_secs(5);
+        std::fs::write(&events, "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n").unwrap();
+        rx.recv_timeout(wait).expect("the first kill");
+        std::fs::write(&events, "low 0\nhigh 0\nmax 4\noom 3\noom_kill 3\n").unwrap();
+        rx.recv_timeout(wait).expect("the second kill");
+        rx.recv_timeout(wait).expect("the third kill");
+        // A catch-up (at the exit) finds nothing new: each kill is reported once.
+        assert!(watch.catch_up());
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        std::fs::write(&cgroup_events, "populated 0\nfrozen 0\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::write(&events, "oom_kill 9\n").unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the watch ended with the cgroup's last process"
+        );
+    }
 }

@@ -205,9 +205,9 @@ impl TaskService {
         let namespace = &self.shared.namespace;
         let mut container = Container::create(&req, options, namespace, self.node())?;
         let pid = container.init.pid;
-        if let Some(dir) = super::oom::memory_cgroup(pid) {
+        if let Some(cgroup) = super::oom::memory_cgroup(pid) {
             let (events, id) = (Arc::clone(&self.shared.events), req.id.clone());
-            let watched = super::oom::watch(&dir, move || {
+            let watched = super::oom::watch(&cgroup, move || {
                 let event = TaskOOM {
                     container_id: id.clone(),
                     ..Default::default()
@@ -216,7 +216,7 @@ impl TaskService {
             });
             match watched {
                 Ok(watch) => container.oom = Some(watch),
-                Err(e) => log::warn!("cannot watch {} for OOM kills: {e}", dir.display()),
+                Err(e) => log::warn!("cannot watch {cgroup:?} for OOM kills: {e}"),
             }
         }
         containers.insert(req.id.clone(), container);
