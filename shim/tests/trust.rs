@@ -204,38 +204,60 @@ fn vgpu_ids_never_repeat_even_when_the_state_is_lost() {
     assert!(handles[0] != handles[1] && handles[1] != handles[2]);
 }
 
-/// Processes that each open `per_process` connections to the socket and hold them, sending a
-/// space every half second when `trickle` (a request that never ends).
+/// How a flooding connection behaves.
+#[derive(Clone, Copy)]
+enum Flood {
+    /// Connects and sends nothing.
+    Idle,
+    /// Sends a space every half second: a request that never ends.
+    Trickle,
+    /// Sends 300 requests and never reads a reply: the service's writes block.
+    Deaf,
+}
+
+/// Processes that each open `per_process` connections to the socket and hold them, behaving
+/// as `how`.
 fn flood(
     socket: &std::path::Path,
     processes: usize,
     per_process: usize,
-    trickle: bool,
+    how: Flood,
 ) -> Vec<std::process::Child> {
-    const SCRIPT: &str = "
+    const SCRIPT: &str = r#"
 import socket, sys, time
 conns = []
 for _ in range(int(sys.argv[2])):
     s = socket.socket(socket.AF_UNIX)
     s.connect(sys.argv[1])
     conns.append(s)
+    if sys.argv[3] == 'deaf':
+        s.setblocking(False)
+        try:
+            s.send(b'{"op":"status"}\n' * 300)
+        except OSError:
+            pass
 print('ready', flush=True)
 while True:
     time.sleep(0.5)
-    if sys.argv[3] == '1':
+    if sys.argv[3] == 'trickle':
         for s in conns:
             try:
                 s.send(b' ')
             except OSError:
                 pass
-";
+"#;
+    let how = match how {
+        Flood::Idle => "idle",
+        Flood::Trickle => "trickle",
+        Flood::Deaf => "deaf",
+    };
     (0..processes)
         .map(|_| {
             let mut child = std::process::Command::new("python3")
                 .args(["-c", SCRIPT])
                 .arg(socket)
                 .arg(per_process.to_string())
-                .arg(if trickle { "1" } else { "0" })
+                .arg(how)
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("python3 runs");
@@ -251,14 +273,16 @@ while True:
 }
 
 #[test]
-fn a_flood_of_idle_and_trickling_connections_locks_no_client_out() {
-    if !can_run("a_flood_of_idle_and_trickling_connections_locks_no_client_out") {
+fn a_flood_of_idle_trickling_and_deaf_connections_locks_no_client_out() {
+    if !can_run("a_flood_of_idle_trickling_and_deaf_connections_locks_no_client_out") {
         return;
     }
     let service = NodeService::start(Setup::default());
-    // 12 processes × 16 idle connections, 2 × 16 trickling ones: more than the 128 served.
-    let mut flooders = flood(&service.socket, 12, 16, false);
-    flooders.extend(flood(&service.socket, 2, 16, true));
+    // 8 processes × 16 connections that ask and never read the replies (alone enough to fill
+    // the 128 slots), 4 × 16 idle ones, 2 × 16 trickling ones.
+    let mut flooders = flood(&service.socket, 8, 16, Flood::Deaf);
+    flooders.extend(flood(&service.socket, 4, 16, Flood::Idle));
+    flooders.extend(flood(&service.socket, 2, 16, Flood::Trickle));
     let mut slowest = std::time::Duration::ZERO;
     let mut cgroup = TestCgroup::new(V1, "flooded");
     cgroup.spawn("exec sleep 1000");

@@ -11,8 +11,8 @@
 //! - a request must arrive whole within [`REQUEST_DEADLINE`] of its first byte, however its
 //!   bytes trickle in, and a connection waits at most [`IDLE_TIMEOUT`] for a request;
 //! - at most [`MAX_CONNECTIONS`] connections are served; one more takes the slot of the
-//!   connection that has waited longest for a request (one whose request the loop is carrying
-//!   out is never cut); a peer process (`SO_PEERCRED`) holds at most [`MAX_PER_PEER`], and its
+//!   connection that has waited longest for a request or for its reply to be read (one whose
+//!   request the loop is carrying out is never cut); a peer process (`SO_PEERCRED`) holds at most [`MAX_PER_PEER`], and its
 //!   own oldest gives way first;
 //! - a slot is given back however its connection ends, a failed thread start included.
 
@@ -314,6 +314,10 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
             Ok(request) => ask(events, request),
             Err(e) => Reply::error(e),
         };
+        // Carried out: a client that does not read its reply holds no slot that others need.
+        if !slot.waiting(true) {
+            return;
+        }
         if stream.write_all(reply.to_line().as_bytes()).is_err() {
             return;
         }
