@@ -7,12 +7,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use containerd_shim::api::CreateTaskRequest;
 use containerd_shim::protos::shim::oci::Options as RuncV1Options;
-use runc::options::{CreateOpts, DeleteOpts, ExecOpts, GlobalOpts, KillOpts};
+use runc::options::{CreateOpts, ExecOpts};
 
 use super::error::TaskError;
 use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
-use super::spawner::ReapedSpawner;
+use super::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use super::stdio::{PendingStdio, StdioPaths};
 use super::vgpu::{NodeLink, Reserved};
 use crate::cgroup::{FreezerCgroup, Hierarchies};
@@ -25,7 +25,7 @@ pub struct Container {
     /// Its bundle directory.
     pub bundle: PathBuf,
     /// runc, as the runtime options say to run it.
-    runc: runc::Runc,
+    runc: Arc<dyn OciRuntime>,
     options: RuntimeOptions,
     /// Its init process.
     pub init: Process,
@@ -43,36 +43,8 @@ pub struct Container {
     pub shares_pid_namespace: bool,
     /// Its OOM kills, reported as `/tasks/oom`.
     pub oom: Option<super::oom::OomWatch>,
-}
-
-/// runc with the shim's reaper, its log in the bundle, as `options` say.
-pub fn runc_for(
-    options: &RuntimeOptions,
-    namespace: &str,
-    bundle: &Path,
-) -> Result<runc::Runc, TaskError> {
-    let mut global = GlobalOpts::new()
-        .command(options.runc_binary())
-        .root(options.runc_root(namespace))
-        .log(bundle.join("log.json"))
-        .log_json()
-        .systemd_cgroup(options.systemd_cgroup);
-    global.custom_spawner(Arc::new(ReapedSpawner));
-    global.build().map_err(|e| TaskError::Runc {
-        what: "find runc",
-        why: e.to_string(),
-    })
-}
-
-/// What runc said last in its log (`log.json`), else `fallback`.
-pub fn runc_failure(bundle: &Path, fallback: &runc::error::Error) -> String {
-    let log = std::fs::read_to_string(bundle.join("log.json")).unwrap_or_default();
-    log.lines()
-        .rev()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|entry| entry["level"] == "error")
-        .and_then(|entry| entry["msg"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| fallback.to_string())
+    /// Its init's `/proc/PID/cgroup` once created (`None`: unreadable), for `Stats`.
+    pub proc_cgroup: Option<String>,
 }
 
 /// Whether the bundle's config.json puts init in a PID namespace it shares: false only for a
@@ -96,7 +68,7 @@ fn shares_pid_namespace(bundle: &Path) -> bool {
 
 /// A failed `runc kill` of init, as containerd's runc shim reads it: a process that is gone is
 /// not found (`process already finished`), so is a container runc no longer knows.
-fn kill_error(why: String) -> TaskError {
+fn kill_error(RuntimeError(why): RuntimeError) -> TaskError {
     let gone = [
         "process already finished",
         "container not running",
@@ -128,13 +100,14 @@ impl Container {
         req: &CreateTaskRequest,
         options: RuntimeOptions,
         namespace: &str,
+        runtime_for: &RuntimeFor,
         node: &NodeLink,
     ) -> Result<Container, TaskError> {
         let bundle = PathBuf::from(&req.bundle);
         let rootfs = bundle.join("rootfs");
         let mut container = Container {
             id: req.id.clone(),
-            runc: runc_for(&options, namespace, &bundle)?,
+            runc: runtime_for(&options, namespace, &bundle)?,
             bundle: bundle.clone(),
             options,
             init: Process::new(
@@ -152,6 +125,7 @@ impl Container {
             visible_devices: None,
             shares_pid_namespace: shares_pid_namespace(&bundle),
             oom: None,
+            proc_cgroup: None,
         };
         write_runc_options(&bundle, &container.options);
         for m in &req.rootfs {
@@ -188,9 +162,7 @@ impl Container {
         }
         if let Some(vgpu) = container.vgpu {
             if let Err(why) = node.attach(&vgpu, &container.id, container.init.pid) {
-                let _ = container
-                    .runc
-                    .delete(&container.id, Some(&DeleteOpts::new().force(true)));
+                let _ = container.runc.delete(&container.id);
                 container.undo(node);
                 return Err(TaskError::Vgpu(why));
             }
@@ -212,12 +184,13 @@ impl Container {
         }
         opts = opts.io(ends);
         self.runc
-            .create(&self.id, &self.bundle, Some(&opts))
+            .create(&self.id, &self.bundle, &opts)
             .map_err(|e| TaskError::Runc {
                 what: "OCI runtime create failed",
-                why: runc_failure(&self.bundle, &e),
+                why: e.0,
             })?;
         self.init.pid = pid_file(&pid_path)?;
+        self.proc_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", self.init.pid)).ok();
         self.init.io = Some(
             pending
                 .start(&paths)
@@ -292,7 +265,7 @@ impl Container {
             }
             self.runc.start(&self.id).map_err(|e| TaskError::Runc {
                 what: "OCI runtime start failed",
-                why: runc_failure(&self.bundle, &e),
+                why: e.0,
             })?;
             self.init.lifecycle.set(Lifecycle::Running);
             return Ok(self.init.pid);
@@ -300,7 +273,7 @@ impl Container {
         self.check_exec()?;
         let (id, bundle) = (self.id.clone(), self.bundle.clone());
         let (uid, gid) = (self.options.io_uid, self.options.io_gid);
-        let runc = self.runc.clone();
+        let runc = Arc::clone(&self.runc);
         let freezer = self.scheduler_freezer();
         let exec = self.process_mut(exec_id)?;
         let state = exec.lifecycle.get();
@@ -319,8 +292,7 @@ impl Container {
         opts = opts.io(ends);
         // runc refuses to exec in a frozen container. The caller waits for the container's
         // window first (`scheduler_freezer`, `wait_thawed`), and again if a freeze came between.
-        if let Err(e) = runc.exec(&id, &spec, Some(&opts)) {
-            let why = runc_failure(&bundle, &e);
+        if let Err(RuntimeError(why)) = runc.exec(&id, &spec, &opts) {
             if freezer.is_some() && why.contains("paused container") {
                 return Err(TaskError::FrozenMeanwhile(id));
             }
@@ -376,9 +348,9 @@ impl Container {
         if !self.shares_pid_namespace {
             return None;
         }
-        let (runc, id) = (self.runc.clone(), self.id.clone());
+        let (runc, id) = (Arc::clone(&self.runc), self.id.clone());
         Some(move || {
-            if let Err(e) = runc.kill(&id, libc::SIGKILL as u32, Some(&KillOpts::new().all(true))) {
+            if let Err(e) = runc.kill(&id, libc::SIGKILL as u32, true) {
                 log::warn!("{id}: its init exited; killing the rest of its processes failed: {e}");
             }
         })
@@ -392,18 +364,17 @@ impl Container {
             return Err(TaskError::NotFound("process already finished".into()));
         }
         if exec_id.is_empty() {
-            return self
-                .runc
-                .kill(&self.id, signal, Some(&KillOpts::new().all(all)))
-                .map_err(|e| kill_error(runc_failure(&self.bundle, &e)));
+            return self.runc.kill(&self.id, signal, all).map_err(kill_error);
         }
         if process.pid == 0 {
             return Err(TaskError::Precondition("process not created".into()));
         }
-        let signal = nix::sys::signal::Signal::try_from(signal as i32)
-            .map_err(|_| TaskError::Invalid(format!("{signal} is not a signal")))?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(process.pid as i32), signal)
-            .map_err(|_| TaskError::NotFound("exec kill error: process already finished".into()))
+        self.runc
+            .signal(process.pid, signal)
+            .map_err(|e| match kill_error(e) {
+                TaskError::NotFound(why) => TaskError::NotFound(format!("exec kill error: {why}")),
+                other => TaskError::State(format!("exec kill error: {other}")),
+            })
     }
 
     /// `Pause` and `Resume`. A container with a vGPU is held by the node service first (it
@@ -440,10 +411,7 @@ impl Container {
             if paused && held {
                 let _ = node.hold(&self.id, false);
             }
-            return Err(TaskError::Runc {
-                what,
-                why: runc_failure(&self.bundle, &e),
-            });
+            return Err(TaskError::Runc { what, why: e.0 });
         }
         self.init.lifecycle.set(state);
         if !paused && held {
@@ -454,25 +422,21 @@ impl Container {
 
     /// The pids of the container's processes (`runc ps`).
     pub fn pids(&self) -> Result<Vec<u32>, TaskError> {
-        let pids = self
-            .runc
+        self.runc
             .ps(&self.id)
-            .map_err(|e| TaskError::RuncSaid(runc_failure(&self.bundle, &e)))?;
-        Ok(pids.into_iter().map(|p| p as u32).collect())
+            .map_err(|RuntimeError(why)| TaskError::RuncSaid(why))
     }
 
     /// `Update`: new resources through `runc update`.
     pub fn update(&self, resources: &oci_spec::runtime::LinuxResources) -> Result<(), TaskError> {
         self.runc
             .update(&self.id, resources)
-            .map_err(|e| TaskError::RuncSaid(runc_failure(&self.bundle, &e)))
+            .map_err(|RuntimeError(why)| TaskError::RuncSaid(why))
     }
 
     /// `Delete` of init: `runc delete`, the rootfs unmounted, the vGPU released. Its exit.
     pub fn delete(&mut self, node: &NodeLink) -> (u32, SystemTime) {
-        let _ = self
-            .runc
-            .delete(&self.id, Some(&DeleteOpts::new().force(true)));
+        let _ = self.runc.delete(&self.id);
         if let Some(io) = &self.init.io {
             io.close_stdin();
         }

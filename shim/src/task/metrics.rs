@@ -142,11 +142,11 @@ fn v1_metrics(read: impl Fn(&str, &str) -> Option<String>) -> Metrics {
     }
 }
 
-/// The metrics of the container whose init is `pid`, packed for `StatsResponse`.
-pub fn of_pid(pid: u32) -> Result<Any, String> {
-    let proc_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| format!("cannot read the cgroups of pid {pid}: {e}"))?;
-    let dirs = v1_directories(&proc_cgroup);
+/// The metrics of the container whose init is `pid` and whose cgroups were `proc_cgroup`
+/// (`/proc/PID/cgroup`, read at create: a v1 container's cgroups are read after its init has
+/// exited too, as runc's shim reads them until `Delete`), packed for `StatsResponse`.
+pub fn of_container(proc_cgroup: &str, pid: u32) -> Result<Any, String> {
+    let dirs = v1_directories(proc_cgroup);
     if dirs.contains_key("memory") || dirs.contains_key("cpuacct") {
         let metrics = v1_metrics(|controller, file| {
             std::fs::read_to_string(dirs.get(controller)?.join(file)).ok()

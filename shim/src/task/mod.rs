@@ -8,6 +8,7 @@
 //! - [`stdio`]: the fifos containerd names, the pipes or terminal the process gets, the copying;
 //! - [`options`]: the runtime options containerd's clients send, decoded;
 //! - [`vgpu`]: the node service, from the shim's side: reserve and edit, attach, release;
+//! - [`runtime`]: what the service has the OCI runtime do, one trait in front of runc;
 //! - [`spawner`]: runc's invocations, waited for through the shim's reaper;
 //! - [`metrics`]: `Stats`, from the container's cgroup files; [`oom`]: OOM kills as events;
 //! - [`events`], [`error`].
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod oom;
 pub mod options;
 pub mod process;
+pub mod runtime;
 pub mod service;
 pub mod shim;
 pub mod spawner;

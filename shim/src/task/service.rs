@@ -34,6 +34,7 @@ use super::error::TaskError;
 use super::events::{timestamp, EventSink, Remote, RETRY_AFTER};
 use super::options::RuntimeOptions;
 use super::process::{go_zero_time, Lifecycle, Process};
+use super::runtime::{Runc, RuntimeFor};
 use super::stdio::StdioPaths;
 use super::vgpu::NodeLink;
 
@@ -48,6 +49,7 @@ struct Shared {
     containers: Mutex<HashMap<String, Container>>,
     events: Arc<EventSink>,
     namespace: String,
+    runtime_for: RuntimeFor,
     node: NodeLink,
     exit: Arc<ExitSignal>,
 }
@@ -62,23 +64,40 @@ impl TaskService {
     /// The service, publishing to `publisher` under `namespace`; `exit` is signalled when the
     /// last container is gone and containerd asks the shim to shut down.
     pub fn new(publisher: RemotePublisher, namespace: &str, exit: Arc<ExitSignal>) -> TaskService {
-        let shared = Arc::new(Shared {
-            containers: Mutex::new(HashMap::new()),
-            events: Arc::new(EventSink::new(
-                Remote::new(
-                    std::env::var("TTRPC_ADDRESS").unwrap_or_default(),
-                    publisher,
-                ),
-                namespace.to_owned(),
-                &RETRY_AFTER,
-            )),
-            namespace: namespace.to_owned(),
-            node: NodeLink::from_env(),
+        let remote = Remote::new(
+            std::env::var("TTRPC_ADDRESS").unwrap_or_default(),
+            publisher,
+        );
+        let events = EventSink::new(remote, namespace.to_owned(), &RETRY_AFTER);
+        let service = TaskService::with_parts(
+            events,
+            Runc::runtime_for(),
+            NodeLink::from_env(),
+            namespace,
             exit,
-        });
-        let service = TaskService { shared };
+        );
         service.watch_exits();
         service
+    }
+
+    /// The service over its parts: where its events go, its OCI runtime, its node service.
+    /// Exits reach it through [`TaskService::exited`].
+    pub fn with_parts(
+        events: EventSink,
+        runtime_for: RuntimeFor,
+        node: NodeLink,
+        namespace: &str,
+        exit: Arc<ExitSignal>,
+    ) -> TaskService {
+        let shared = Arc::new(Shared {
+            containers: Mutex::new(HashMap::new()),
+            events: Arc::new(events),
+            namespace: namespace.to_owned(),
+            runtime_for,
+            node,
+            exit,
+        });
+        TaskService { shared }
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Container>> {
@@ -104,7 +123,8 @@ impl TaskService {
         });
     }
 
-    fn exited(&self, pid: i32, code: i32) {
+    /// The reaper's report: `pid` exited with `code` (128 + the signal that killed it).
+    pub fn exited(&self, pid: i32, code: i32) {
         if pid <= 0 {
             return;
         }
@@ -203,7 +223,8 @@ impl TaskService {
             return Err(TaskError::AlreadyExists(format!("container {}", req.id)));
         }
         let namespace = &self.shared.namespace;
-        let mut container = Container::create(&req, options, namespace, self.node())?;
+        let runtime_for = &self.shared.runtime_for;
+        let mut container = Container::create(&req, options, namespace, runtime_for, self.node())?;
         let pid = container.init.pid;
         if let Some(cgroup) = super::oom::memory_cgroup(pid) {
             let (events, id) = (Arc::clone(&self.shared.events), req.id.clone());
@@ -451,9 +472,11 @@ impl TaskService {
     }
 
     fn do_stats(&self, req: StatsRequest) -> Result<StatsResponse, TaskError> {
-        let pid = self.with(&req.id, |c| Ok(c.init.pid))?;
-        let any = super::metrics::of_pid(pid)
-            .map_err(|e| TaskError::Precondition(format!("the metrics of {}: {e}", req.id)))?;
+        let (cgroup, pid) = self.with(&req.id, |c| Ok((c.proc_cgroup.clone(), c.init.pid)))?;
+        // As containerd's runc shim: a container whose cgroup it could not load has none.
+        let cgroup = cgroup.ok_or_else(|| TaskError::NotFound("cgroup does not exist".into()))?;
+        let any = super::metrics::of_container(&cgroup, pid)
+            .map_err(|e| TaskError::RuncSaid(format!("the metrics of {}: {e}", req.id)))?;
         Ok(StatsResponse {
             stats: MessageField::some(any),
             ..Default::default()
@@ -561,7 +584,12 @@ impl Task for TaskService {
 
     fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
         self.with(&req.id, |c| {
-            if let (true, Some(io)) = (req.stdin, c.process(&req.exec_id)?.io.as_ref()) {
+            // As containerd's runc shim: an unknown exec is not found in words, not in code.
+            let process = c.process(&req.exec_id).map_err(|e| match e {
+                TaskError::NotFound(_) => TaskError::State(e.to_string()),
+                other => other,
+            })?;
+            if let (true, Some(io)) = (req.stdin, process.io.as_ref()) {
                 io.close_stdin();
             }
             Ok(())
@@ -598,3 +626,6 @@ impl Task for TaskService {
         Ok(Empty::new())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,11 +9,10 @@ use std::time::SystemTime;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, DeleteResponse, ExitSignal, Flags, Shim, StartOpts};
-use runc::options::DeleteOpts;
 
-use super::container::runc_for;
 use super::events::timestamp;
 use super::options::RuntimeOptions;
+use super::runtime::{OciRuntime, Runc};
 use super::service::TaskService;
 use super::vgpu::NodeLink;
 
@@ -101,8 +100,8 @@ impl Shim for GpuplexShim {
                 ..Default::default()
             })
             .unwrap_or_default();
-        if let Ok(runc) = runc_for(&options, &self.namespace, &bundle) {
-            let _ = runc.delete(&self.id, Some(&DeleteOpts::new().force(true)));
+        if let Ok(runc) = Runc::new(&options, &self.namespace, &bundle) {
+            let _ = runc.delete(&self.id);
         }
         let rootfs = bundle.join("rootfs");
         if Path::new(&rootfs).exists() {
