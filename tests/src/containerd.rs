@@ -7,6 +7,7 @@
 
 mod cleanup;
 mod config;
+mod parity;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ pub use config::{
     containerd_config, read_shipped_snippet, shipped_runtime_entry, shipped_snippet, table_at,
     table_at_mut, CRI_PLUGIN_V2, RUNTIMES_V2, RUNTIMES_V3,
 };
+pub use parity::{parity_rig, ParityRig};
 
 use crate::{bin, busybox_rootfs, wait_until};
 

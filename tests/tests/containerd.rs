@@ -9,58 +9,15 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpuplex_integration::containerd::*;
+use gpuplex_integration::parity;
 use gpuplex_integration::*;
-
-/// A containerd for one runtime; under gpuplex, with a node service of one fake GPU that the
-/// shim reaches through `$GPUPLEX_CONFIG`. Dropped in order: the containers, the service, the
-/// directory.
-struct Rig {
-    containerd: Containerd,
-    _service: Option<NodeService>,
-    _dir: tempfile::TempDir,
-}
-
-/// A [`Rig`] for `runtime` (`minor`: the fake GPU's device minor, distinct per test), or `None`
-/// when `check` cannot run here.
-fn rig(check: &str, runtime: &str, minor: u32) -> Option<Rig> {
-    if !can_run_containerd(&format!("{check} under {runtime}")) {
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let service =
-        (runtime == GPUPLEX).then(|| NodeService::start(&dir.path().join("node"), 1, minor, ""));
-    let containerd = Containerd::start(Setup {
-        gpuplex_config: service.as_ref().map(|s| s.config.clone()),
-        cri: false,
-    });
-    Some(Rig {
-        containerd,
-        _service: service,
-        _dir: dir,
-    })
-}
-
-/// Two tests of one parity check: under runc and under gpuplex.
-macro_rules! parity {
-    ($check:ident, minor $minor:literal: $under_runc:ident, $under_gpuplex:ident) => {
-        #[test]
-        fn $under_runc() {
-            $check(RUNC, $minor);
-        }
-
-        #[test]
-        fn $under_gpuplex() {
-            $check(GPUPLEX, $minor);
-        }
-    };
-}
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn exit_code_comes_back(runtime: &str, minor: u32) {
-    let Some(rig) = rig("exit_code_comes_back", runtime, minor) else {
+    let Some(rig) = parity_rig("exit_code_comes_back", runtime, minor) else {
         return;
     };
     let out = rig
@@ -73,7 +30,7 @@ parity!(exit_code_comes_back, minor 240:
     exit_code_comes_back_under_runc, exit_code_comes_back_under_gpuplex);
 
 fn stdout_and_stderr_arrive_apart(runtime: &str, minor: u32) {
-    let Some(rig) = rig("stdout_and_stderr_arrive_apart", runtime, minor) else {
+    let Some(rig) = parity_rig("stdout_and_stderr_arrive_apart", runtime, minor) else {
         return;
     };
     let out = rig.containerd.run(
@@ -96,7 +53,7 @@ parity!(stdout_and_stderr_arrive_apart, minor 241:
     stdout_and_stderr_arrive_apart_under_runc, stdout_and_stderr_arrive_apart_under_gpuplex);
 
 fn exec_runs_in_a_running_container(runtime: &str, minor: u32) {
-    let Some(rig) = rig("exec_runs_in_a_running_container", runtime, minor) else {
+    let Some(rig) = parity_rig("exec_runs_in_a_running_container", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -114,7 +71,7 @@ parity!(exec_runs_in_a_running_container, minor 242:
     exec_runs_in_a_running_container_under_runc, exec_runs_in_a_running_container_under_gpuplex);
 
 fn kill_stops_the_task(runtime: &str, minor: u32) {
-    let Some(rig) = rig("kill_stops_the_task", runtime, minor) else {
+    let Some(rig) = parity_rig("kill_stops_the_task", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -137,7 +94,7 @@ parity!(kill_stops_the_task, minor 243:
     kill_stops_the_task_under_runc, kill_stops_the_task_under_gpuplex);
 
 fn pause_and_resume(runtime: &str, minor: u32) {
-    let Some(rig) = rig("pause_and_resume", runtime, minor) else {
+    let Some(rig) = parity_rig("pause_and_resume", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -154,7 +111,7 @@ parity!(pause_and_resume, minor 244:
     pause_and_resume_under_runc, pause_and_resume_under_gpuplex);
 
 fn stdin_reaches_the_container(runtime: &str, minor: u32) {
-    let Some(rig) = rig("stdin_reaches_the_container", runtime, minor) else {
+    let Some(rig) = parity_rig("stdin_reaches_the_container", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -197,7 +154,7 @@ parity!(stdin_reaches_the_container, minor 245:
     stdin_reaches_the_container_under_runc, stdin_reaches_the_container_under_gpuplex);
 
 fn a_terminal_reaches_the_container(runtime: &str, minor: u32) {
-    let Some(rig) = rig("a_terminal_reaches_the_container", runtime, minor) else {
+    let Some(rig) = parity_rig("a_terminal_reaches_the_container", runtime, minor) else {
         return;
     };
     let (status, shown) =
@@ -217,7 +174,7 @@ parity!(a_terminal_reaches_the_container, minor 246:
     a_terminal_reaches_the_container_under_runc, a_terminal_reaches_the_container_under_gpuplex);
 
 fn metrics_and_processes_are_reported(runtime: &str, minor: u32) {
-    let Some(rig) = rig("metrics_and_processes_are_reported", runtime, minor) else {
+    let Some(rig) = parity_rig("metrics_and_processes_are_reported", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -285,7 +242,7 @@ parity!(metrics_and_processes_are_reported, minor 247:
     metrics_and_processes_are_reported_under_runc, metrics_and_processes_are_reported_under_gpuplex);
 
 fn task_events_arrive_in_order_with_an_oom_kill(runtime: &str, minor: u32) {
-    let Some(rig) = rig(
+    let Some(rig) = parity_rig(
         "task_events_arrive_in_order_with_an_oom_kill",
         runtime,
         minor,

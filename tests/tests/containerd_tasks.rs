@@ -5,54 +5,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use gpuplex_integration::containerd::*;
+use gpuplex_integration::parity;
 use gpuplex_integration::*;
-
-/// A containerd for one runtime; under gpuplex, with a node service of one fake GPU.
-struct Rig {
-    containerd: Containerd,
-    _service: Option<NodeService>,
-    _dir: tempfile::TempDir,
-}
-
-fn rig(check: &str, runtime: &str, minor: u32) -> Option<Rig> {
-    if !can_run_containerd(&format!("{check} under {runtime}")) {
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let service =
-        (runtime == GPUPLEX).then(|| NodeService::start(&dir.path().join("node"), 1, minor, ""));
-    let containerd = Containerd::start(Setup {
-        gpuplex_config: service.as_ref().map(|s| s.config.clone()),
-        cri: false,
-    });
-    Some(Rig {
-        containerd,
-        _service: service,
-        _dir: dir,
-    })
-}
-
-/// Two tests of one check: under runc and under gpuplex.
-macro_rules! parity {
-    ($check:ident, minor $minor:literal: $under_runc:ident, $under_gpuplex:ident) => {
-        #[test]
-        fn $under_runc() {
-            $check(RUNC, $minor);
-        }
-
-        #[test]
-        fn $under_gpuplex() {
-            $check(GPUPLEX, $minor);
-        }
-    };
-}
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
 fn a_terminal_exec_gets_its_size_and_carries_megabytes(runtime: &str, minor: u32) {
-    let Some(rig) = rig(
+    let Some(rig) = parity_rig(
         "a_terminal_exec_gets_its_size_and_carries_megabytes",
         runtime,
         minor,
@@ -89,7 +50,7 @@ parity!(a_terminal_exec_gets_its_size_and_carries_megabytes, minor 180:
     a_terminal_exec_gets_its_size_and_carries_megabytes_under_gpuplex);
 
 fn an_exec_that_cannot_start_fails_in_runcs_words_and_leaves_no_shim(runtime: &str, minor: u32) {
-    let Some(rig) = rig(
+    let Some(rig) = parity_rig(
         "an_exec_that_cannot_start_fails_in_runcs_words_and_leaves_no_shim",
         runtime,
         minor,
@@ -121,7 +82,7 @@ parity!(an_exec_that_cannot_start_fails_in_runcs_words_and_leaves_no_shim, minor
     an_exec_that_cannot_start_fails_in_runcs_words_and_leaves_no_shim_under_gpuplex);
 
 fn sigterm_ends_the_shim_daemon(runtime: &str, minor: u32) {
-    let Some(rig) = rig("sigterm_ends_the_shim_daemon", runtime, minor) else {
+    let Some(rig) = parity_rig("sigterm_ends_the_shim_daemon", runtime, minor) else {
         return;
     };
     let c = &rig.containerd;
@@ -140,7 +101,7 @@ parity!(sigterm_ends_the_shim_daemon, minor 182:
     sigterm_ends_the_shim_daemon_under_runc, sigterm_ends_the_shim_daemon_under_gpuplex);
 
 fn an_init_killed_in_a_shared_pid_namespace_takes_its_children(runtime: &str, minor: u32) {
-    let Some(rig) = rig(
+    let Some(rig) = parity_rig(
         "an_init_killed_in_a_shared_pid_namespace_takes_its_children",
         runtime,
         minor,
@@ -204,7 +165,7 @@ parity!(an_init_killed_in_a_shared_pid_namespace_takes_its_children, minor 183:
     an_init_killed_in_a_shared_pid_namespace_takes_its_children_under_gpuplex);
 
 fn an_exit_after_containerd_restarted_reaches_an_events_watcher(runtime: &str, minor: u32) {
-    let Some(mut rig) = rig(
+    let Some(mut rig) = parity_rig(
         "an_exit_after_containerd_restarted_reaches_an_events_watcher",
         runtime,
         minor,
