@@ -5,10 +5,11 @@
 //! and before the container's exit.
 
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use super::metrics::v1_directories;
 
@@ -113,38 +114,33 @@ pub fn watch(
     match cgroup {
         MemoryCgroup::V1(dir) => watch_v1(dir, watch.clone())?,
         MemoryCgroup::V2(dir) => watch_v2(dir, watch.clone())?,
-    }
+    };
     Ok(watch)
 }
 
-/// v1: the kernel signals an eventfd at each OOM (and when the cgroup is removed).
-fn watch_v1(dir: &Path, watcher: OomWatch) -> io::Result<()> {
-    // SAFETY: eventfd takes integers and returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and nothing else owns it.
-    let mut events = unsafe { File::from_raw_fd(fd) };
+/// v1: the kernel signals an eventfd at each OOM (and when the cgroup is removed). The
+/// watching thread is returned.
+fn watch_v1(dir: &Path, watcher: OomWatch) -> io::Result<JoinHandle<()>> {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    let events = EventFd::from_flags(EfdFlags::EFD_CLOEXEC).map_err(io::Error::from)?;
     let control = File::open(dir.join("memory.oom_control"))?;
     std::fs::write(
         dir.join("cgroup.event_control"),
-        format!("{} {}", events.as_raw_fd(), control.as_raw_fd()),
+        format!("{} {}", events.as_fd().as_raw_fd(), control.as_raw_fd()),
     )?;
-    std::thread::spawn(move || {
+    Ok(std::thread::spawn(move || {
         let _control = control;
-        let mut count = [0u8; 8];
-        while events.read_exact(&mut count).is_ok() {
+        while events.read().is_ok() {
             if !watcher.catch_up() {
                 return;
             }
         }
-    });
-    Ok(())
+    }))
 }
 
 /// cgroup2: `memory.events` changes at each OOM; `cgroup.events` says when the cgroup is empty.
-fn watch_v2(dir: &Path, watcher: OomWatch) -> io::Result<()> {
+/// The watching thread is returned.
+fn watch_v2(dir: &Path, watcher: OomWatch) -> io::Result<JoinHandle<()>> {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(io::Error::from)?;
     for file in ["memory.events", "cgroup.events"] {
@@ -153,7 +149,7 @@ fn watch_v2(dir: &Path, watcher: OomWatch) -> io::Result<()> {
             .map_err(io::Error::from)?;
     }
     let populated = dir.join("cgroup.events");
-    std::thread::spawn(move || {
+    Ok(std::thread::spawn(move || {
         while inotify.read_events().is_ok() {
             if !watcher.catch_up() {
                 return;
@@ -164,8 +160,7 @@ fn watch_v2(dir: &Path, watcher: OomWatch) -> io::Result<()> {
                 return;
             }
         }
-    });
-    Ok(())
+    }))
 }
 
 #[cfg(test)]
@@ -183,11 +178,14 @@ mod tests {
         std::fs::write(&cgroup_events, "populated 1\nfrozen 0\n").unwrap();
         let (tx, rx) = mpsc::channel();
         let tx = Mutex::new(tx);
-        let cgroup = MemoryCgroup::V2(dir.path().to_path_buf());
-        let watch = watch(&cgroup, move || {
-            let _ = tx.lock().unwrap().send(());
-        })
-        .unwrap();
+        let watch = OomWatch {
+            cgroup: MemoryCgroup::V2(dir.path().to_path_buf()),
+            reported: Arc::new(Mutex::new(0)),
+            on_oom: Arc::new(move || {
+                let _ = tx.lock().unwrap().send(());
+            }),
+        };
+        let thread = watch_v2(dir.path(), watch.clone()).unwrap();
         let wait = Duration::from_secs(5);
         std::fs::write(&events, "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n").unwrap();
         rx.recv_timeout(wait).expect("the first kill");
@@ -198,11 +196,13 @@ mod tests {
         assert!(watch.catch_up());
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         std::fs::write(&cgroup_events, "populated 0\nfrozen 0\n").unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        std::fs::write(&events, "oom_kill 9\n").unwrap();
-        assert!(
-            rx.recv_timeout(Duration::from_millis(300)).is_err(),
-            "the watch ended with the cgroup's last process"
-        );
+        let (ended, thread_ended) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = thread.join();
+            let _ = ended.send(());
+        });
+        thread_ended
+            .recv_timeout(wait)
+            .expect("the watch ended with the cgroup's last process");
     }
 }
