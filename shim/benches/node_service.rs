@@ -3,10 +3,13 @@
 //! 1. switch latency: revoke one busy container's window (freeze, confirmed) and grant the next
 //!    (thaw), with each freezer version, through the same code the service runs;
 //! 2. registration round trip over the node socket (register, then release), p50/p99;
-//! 3. the service's CPU while 8 busy containers contend for one GPU at 200 ms windows.
+//! 3. the service's CPU with 10 to 1,000 containers, idle ones on 8 GPUs and busy ones contending
+//!    for one GPU at 200 ms windows.
 //!
 //! `cargo bench -p gpuplex-shim --bench node_service` (or `make bench`). Knobs:
-//! GPUPLEX_BENCH_SWITCHES (default 1000), GPUPLEX_BENCH_RTTS (1000), GPUPLEX_BENCH_SECONDS (30).
+//! GPUPLEX_BENCH_SWITCHES (default 1000), GPUPLEX_BENCH_RTTS (1000), GPUPLEX_BENCH_SECONDS (20, per CPU measurement),
+//! GPUPLEX_BENCH_ONLY (`cost`: only the CPU measurements), GPUPLEX_BENCH_CASE (`8,100,idle`: only
+//! that one).
 //! Results go to docs/benchmarks.md by hand, with the machine they ran on.
 
 #[path = "../tests/support/mod.rs"]
@@ -180,34 +183,52 @@ fn registration_round_trip(rounds: usize) {
     );
 }
 
-fn service_cpu(seconds: usize) {
+/// The service's CPU, in % of one core, while `count` containers registered as plain cgroups
+/// (cpu activity sampled every 50 ms, 200 ms slices) sit on `gpus` fake GPUs, each a busy loop
+/// (`busy`) or a sleeping process; measured over `seconds` after 2 s of warm-up.
+fn service_cost(gpus: usize, count: usize, busy: bool, seconds: usize) {
     let service = NodeService::start(Setup {
+        gpus,
         slice: "200ms",
         sample_interval: "50ms",
-        memory: "80Gi",
+        memory: "1000Gi",
         ..Setup::default()
     });
+    let kind = if busy { "busy" } else { "idle" };
     let mut groups = Vec::new();
-    for i in 0..8 {
-        let mut g = TestCgroup::new(FreezerVersion::V1, &format!("bench-cpu{i}"));
-        g.spawn_busy();
+    for i in 0..count {
+        let mut g = TestCgroup::new(FreezerVersion::V1, &format!("bench-cost-{kind}{i}"));
+        if busy {
+            g.spawn_busy();
+        } else {
+            g.spawn("exec sleep 100000");
+        }
         service.register(
-            &format!("busy{i}"),
+            &format!("{kind}{i}"),
             &g,
-            json!({"gpuplex.io/gpu-memory": "8Gi"}),
+            json!({"gpuplex.io/gpu-memory": "512Mi"}),
         );
         groups.push(g);
     }
     std::thread::sleep(Duration::from_secs(2));
+    let switches = |status: &serde_json::Value| -> u64 {
+        status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["switches"].as_u64().unwrap())
+            .sum()
+    };
     let before = process_cpu(service.pid());
-    let switches = service.status()["gpus"][0]["switches"].as_u64().unwrap();
+    let switched_before = switches(&service.status());
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(seconds as u64));
     let used = process_cpu(service.pid()) - before;
     let wall = start.elapsed();
-    let switched = service.status()["gpus"][0]["switches"].as_u64().unwrap() - switches;
+    let switched = switches(&service.status()) - switched_before;
     println!(
-        "service CPU, 8 busy containers on one GPU, 200 ms windows, 50 ms samples: {:.2}% of one core over {:.0} s ({switched} switches)",
+        "service CPU, {count:>4} {kind} containers on {gpus} GPU{}: {:>5.2}% of one core over {:.0} s ({switched} switches)",
+        if gpus == 1 { " " } else { "s" },
         used.as_secs_f64() / wall.as_secs_f64() * 100.0,
         wall.as_secs_f64()
     );
@@ -222,9 +243,38 @@ fn main() {
         return;
     }
     let _serial = serial();
+    let seconds = knob("GPUPLEX_BENCH_SECONDS", 20);
+    if std::env::var("GPUPLEX_BENCH_ONLY").as_deref() == Ok("cost") {
+        return service_costs(seconds);
+    }
     switch_latency(FreezerVersion::V1, knob("GPUPLEX_BENCH_SWITCHES", 1000));
     switch_latency(FreezerVersion::V2, knob("GPUPLEX_BENCH_SWITCHES", 1000));
     runc_switch_baseline(knob("GPUPLEX_BENCH_SWITCHES", 1000) / 5);
     registration_round_trip(knob("GPUPLEX_BENCH_RTTS", 1000));
-    service_cpu(knob("GPUPLEX_BENCH_SECONDS", 30));
+    service_costs(seconds);
+}
+
+fn service_costs(seconds: usize) {
+    // One case only: GPUPLEX_BENCH_CASE=GPUS,COUNT,busy|idle (for a profiler to attach to).
+    if let Ok(case) = std::env::var("GPUPLEX_BENCH_CASE") {
+        let parts: Vec<&str> = case.split(',').collect();
+        let (Some(gpus), Some(count), Some(kind)) = (
+            parts.first().and_then(|p| p.parse().ok()),
+            parts.get(1).and_then(|p| p.parse().ok()),
+            parts.get(2),
+        ) else {
+            panic!("GPUPLEX_BENCH_CASE={case}: expected GPUS,COUNT,busy|idle");
+        };
+        return service_cost(gpus, count, *kind == "busy", seconds);
+    }
+    // The targets: 100 idle on 8 GPUs, 50 busy on one; then the curve.
+    service_cost(8, 100, false, seconds);
+    service_cost(1, 50, true, seconds);
+    service_cost(1, 8, true, seconds);
+    for count in [10, 1000] {
+        service_cost(8, count, false, seconds);
+    }
+    for count in [10, 100, 1000] {
+        service_cost(1, count, true, seconds);
+    }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
-use crate::cgroup::{FreezerCgroup, Hierarchies};
+use crate::cgroup::{CgroupReader, Hierarchies};
 use crate::config::ActivityChoice;
 use crate::nvml::NvmlGpus;
 
@@ -84,12 +84,12 @@ pub fn nvml_observation(busy: bool, since_thaw: Option<Duration>, lag: Duration)
 }
 
 /// An attached container, as the sampler sees it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Watched<'a> {
     /// Its vGPU.
     pub vgpu: VgpuId,
-    /// Its freezer cgroup.
-    pub cgroup: &'a FreezerCgroup,
+    /// Its freezer cgroup's files.
+    pub reader: &'a mut CgroupReader,
     /// Its GPUs.
     pub gpus: &'a [GpuIndex],
     /// When it was last thawed, if ever.
@@ -121,20 +121,23 @@ impl ActivitySampler {
 
     /// Samples every watched container: whether it has work. A container left out of the
     /// result could not be read this time (its first CPU sample, a read error, a cgroup gone)
-    /// and gets no observation.
+    /// and gets no observation. A reading is compared only with the previous sample's: a
+    /// container left out of `watched` (frozen, say) starts over with its next sample.
     pub fn sample(
         &mut self,
-        watched: &[Watched<'_>],
+        watched: &mut [Watched<'_>],
         hierarchies: &Hierarchies,
         nvml: Option<&mut NvmlGpus>,
         now: Instant,
     ) -> Vec<(VgpuId, bool)> {
+        self.last_cpu
+            .retain(|v, _| watched.iter().any(|w| w.vgpu == *v));
         match self.source {
             ActivitySource::Always => watched.iter().map(|w| (w.vgpu, true)).collect(),
             ActivitySource::Cpu => watched
-                .iter()
+                .iter_mut()
                 .filter_map(|w| {
-                    let used = w.cgroup.cpu_time(hierarchies).ok()?;
+                    let used = w.reader.cpu_time(hierarchies).ok()?;
                     let previous = self.last_cpu.insert(w.vgpu, (used, now));
                     let (before, at) = previous?;
                     Some((
@@ -170,9 +173,19 @@ impl ActivitySampler {
                     }
                 }
                 watched
-                    .iter()
+                    .iter_mut()
                     .filter_map(|w| {
-                        let pids = w.cgroup.pids().ok()?;
+                        // Its processes matter only when someone is busy on one of its GPUs;
+                        // then they are read now, not as last read.
+                        let contended = w
+                            .gpus
+                            .iter()
+                            .any(|g| busy.get(g).is_some_and(|b| !b.is_empty()));
+                        let pids = if contended {
+                            w.reader.pids().ok()?
+                        } else {
+                            Vec::new()
+                        };
                         let work = nvml_has_work(&pids, w.gpus, &busy);
                         let since_thaw = w.thawed_at.map(|t| now.saturating_duration_since(t));
                         Some((w.vgpu, nvml_observation(work, since_thaw, lag)?))
@@ -261,25 +274,29 @@ mod tests {
 
     #[test]
     fn always_means_every_container() {
-        let cgroup = FreezerCgroup::new(crate::cgroup::FreezerVersion::V2, "/nonexistent".into());
+        let cgroup = crate::cgroup::FreezerCgroup::new(
+            crate::cgroup::FreezerVersion::V2,
+            "/nonexistent".into(),
+        );
+        let mut reader = CgroupReader::new(cgroup);
         let gpus = [GpuIndex(0)];
-        let watched = [Watched {
+        let mut watched = [Watched {
             vgpu: VgpuId(1),
-            cgroup: &cgroup,
+            reader: &mut reader,
             gpus: &gpus,
             thawed_at: None,
         }];
         let mut sampler = ActivitySampler::new(ActivitySource::Always);
         let h = Hierarchies::from_mountinfo("");
         assert_eq!(
-            sampler.sample(&watched, &h, None, Instant::now()),
+            sampler.sample(&mut watched, &h, None, Instant::now()),
             vec![(VgpuId(1), true)]
         );
         // The cpu source has nothing to compare the first reading with (and here nothing to
         // read): no observation rather than a guess.
         let mut sampler = ActivitySampler::new(ActivitySource::Cpu);
         assert!(sampler
-            .sample(&watched, &h, None, Instant::now())
+            .sample(&mut watched, &h, None, Instant::now())
             .is_empty());
     }
 }

@@ -12,7 +12,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gpuplex_shim::cgroup::{
-    freeze_all, CgroupError, FreezerCgroup, FreezerVersion, Hierarchies, ProcCgroup, ProcStat,
+    freeze_all, CgroupError, CgroupReader, FreezerCgroup, FreezerVersion, Hierarchies, ProcCgroup,
+    ProcStat,
 };
 
 /// Long enough for any freeze on a loaded machine; the measured ones take a few ms.
@@ -323,6 +324,49 @@ fn removed_cgroup_is_gone(version: FreezerVersion, name: &str) {
         FreezerCgroup::at(&test.dir, &h),
         Err(CgroupError::Io { .. })
     ));
+}
+
+/// A reader that reads a container many times a second sees its processes come and go, and its
+/// removal: what the node service's samples and exit sweeps rely on.
+fn a_reader_follows_the_processes(version: FreezerVersion, name: &str) {
+    if !is_root(name) {
+        return;
+    }
+    let h = hierarchies();
+    let Some(mut test) = TestCgroup::create(version, &h, name) else {
+        return;
+    };
+    let mut reader = CgroupReader::new(test.cgroup());
+    for round in 0..3 {
+        assert_eq!(reader.pids().unwrap(), Vec::<u32>::new(), "round {round}");
+        assert!(!reader.is_populated().unwrap(), "round {round}");
+        let pid = test.spawn_busy();
+        assert_eq!(reader.pids().unwrap(), vec![pid], "round {round}");
+        assert!(reader.is_populated().unwrap(), "round {round}");
+        let busy = reader.cpu_time(&h).unwrap();
+        assert!(
+            eventually(|| reader.cpu_time(&h).unwrap() > busy),
+            "round {round}: its CPU time grows"
+        );
+        test.kill_children();
+        assert!(
+            eventually(|| !reader.is_populated().unwrap()),
+            "round {round}: emptied"
+        );
+    }
+    fs::remove_dir(&test.dir).unwrap();
+    assert!(!reader.is_populated().unwrap());
+    assert!(matches!(reader.pids(), Err(CgroupError::Gone(_))));
+}
+
+#[test]
+fn v1_a_reader_follows_the_processes() {
+    a_reader_follows_the_processes(FreezerVersion::V1, "v1_a_reader_follows");
+}
+
+#[test]
+fn v2_a_reader_follows_the_processes() {
+    a_reader_follows_the_processes(FreezerVersion::V2, "v2_a_reader_follows");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::procfs::ProcCgroup;
-use super::{fsio, v1, v2, CgroupError, FreezerVersion, Hierarchies};
+use super::{fsio, v1, v2, CgroupError, CgroupReader, FreezerVersion, Hierarchies};
 
 /// The first pause between two looks at a cgroup that is still freezing.
 const FIRST_POLL: Duration = Duration::from_micros(50);
@@ -158,20 +158,13 @@ impl FreezerCgroup {
     /// The processes directly in it (`cgroup.procs`; not those of child cgroups).
     /// A removed directory is [`CgroupError::Gone`].
     pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
-        let text = fsio::read(&self.path, "cgroup.procs")?;
-        parse_pids(&text).map_err(|line| CgroupError::Malformed {
-            path: self.path.join("cgroup.procs"),
-            what: format!("line {line:?} is not a pid"),
-        })
+        CgroupReader::new(self.clone()).pids()
     }
 
     /// Whether any process is left in it or its child cgroups; `false` once its directory is
     /// gone.
     pub fn is_populated(&self) -> Result<bool, CgroupError> {
-        match self.version {
-            FreezerVersion::V1 => v1_is_populated(&self.path),
-            FreezerVersion::V2 => v2::is_populated(&self.path),
-        }
+        CgroupReader::new(self.clone()).is_populated()
     }
 
     /// CPU time used so far by its processes; it only grows while the same processes live.
@@ -184,10 +177,7 @@ impl FreezerCgroup {
 
     /// [`FreezerCgroup::cpu_time`], with `proc` standing for `/proc` (tests give a fixture).
     pub fn cpu_time_in(&self, proc: &Path, h: &Hierarchies) -> Result<Duration, CgroupError> {
-        match self.version {
-            FreezerVersion::V1 => v1::cpu_time(&self.pids()?, h, proc),
-            FreezerVersion::V2 => v2::cpu_time(&self.path),
-        }
+        CgroupReader::with_proc(self.clone(), proc).cpu_time(h)
     }
 
     /// Thaws it after a failed freeze, and says what the caller must hear: the original error,
@@ -275,7 +265,7 @@ pub(super) fn join_cgroup_path(mount: &Path, path: &str) -> Option<PathBuf> {
 }
 
 /// Parses `cgroup.procs`: one pid a line. On failure, returns the offending line.
-fn parse_pids(text: &str) -> Result<Vec<u32>, String> {
+pub(super) fn parse_pids(text: &str) -> Result<Vec<u32>, String> {
     text.lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| line.trim().parse().map_err(|_| line.to_string()))
@@ -283,7 +273,7 @@ fn parse_pids(text: &str) -> Result<Vec<u32>, String> {
 }
 
 /// v1 has no `populated` flag: a process in the directory or in any directory below it.
-fn v1_is_populated(dir: &Path) -> Result<bool, CgroupError> {
+pub(super) fn v1_is_populated(dir: &Path) -> Result<bool, CgroupError> {
     match fsio::read(dir, "cgroup.procs") {
         Ok(text) if text.trim().is_empty() => {}
         Ok(_) => return Ok(true),

@@ -351,20 +351,34 @@ fn cpu_time_of_v2_reads_cpu_stat() {
 fn cpu_time_of_v1_sums_its_processes() {
     let f = Fixture::new();
     let proc = tempfile::tempdir().unwrap();
-    fs::create_dir(proc.path().join("12")).unwrap();
-    fs::write(proc.path().join("12/cgroup"), "6:freezer:/web\n0::/\n").unwrap();
-    let ticks = super::super::clock_ticks_per_second();
+    let mut child = std::process::Command::new("sleep")
+        .arg("100")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    fs::create_dir(proc.path().join(pid.to_string())).unwrap();
     fs::write(
-        proc.path().join("12/stat"),
-        format!(
-            "12 (sh) R 1 1 1 0 -1 0 0 0 0 0 {} 0 0 0 20 0 1 0 5 0 0",
-            ticks * 2
-        ),
+        proc.path().join(format!("{pid}/cgroup")),
+        "6:freezer:/web\n0::/\n",
     )
     .unwrap();
-    fs::write(f.path("freezer/web/cgroup.procs"), "12\n13\n").unwrap();
+    // 4,000,000,000 is above the largest pid: it stands for one that exited meanwhile.
+    fs::write(
+        f.path("freezer/web/cgroup.procs"),
+        format!("{pid}\n4000000000\n"),
+    )
+    .unwrap();
+    let clock = nix::time::ClockId::pid_cpu_clock_id(nix::unistd::Pid::from_raw(pid as i32));
+    let own = || Duration::from(nix::time::clock_gettime(clock.unwrap()).unwrap());
+    let before = own();
     let time = f.v1().cpu_time_in(proc.path(), &f.h).unwrap();
-    assert_eq!(time, Duration::from_secs(2), "13 exited and is skipped");
+    let after = own();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        before <= time && time <= after,
+        "{before:?} <= {time:?} <= {after:?}"
+    );
 }
 
 #[test]

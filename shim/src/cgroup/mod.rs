@@ -31,7 +31,8 @@
 //! with another container's) is [`Admission`]'s one check.
 //!
 //! Layout: `mounts` parses mountinfo ([`Hierarchies`]); `procfs` parses `/proc/PID/cgroup` and
-//! `/proc/PID/stat`; `v1` and `v2` hold each interface's file protocol; `freezer` ties them
+//! `/proc/PID/stat`; `reader` keeps the files read at every sample open
+//! ([`CgroupReader`]); `v1` and `v2` hold each interface's file protocol; `freezer` ties them
 //! together behind [`FreezerCgroup`]; `fsio` does the reads and writes and tells `Gone` from other
 //! I/O errors.
 
@@ -41,6 +42,7 @@ mod freezer;
 mod fsio;
 mod mounts;
 mod procfs;
+mod reader;
 mod v1;
 mod v2;
 
@@ -52,7 +54,8 @@ pub use admission::{Admission, Refusal};
 pub use error::CgroupError;
 pub use freezer::{freeze_all, FreezerCgroup};
 pub use mounts::Hierarchies;
-pub use procfs::{clock_ticks_per_second, PendingSignals, ProcCgroup, ProcStat};
+pub use procfs::{PendingSignals, ProcCgroup, ProcStat};
+pub use reader::{set_kept_budget, CgroupReader};
 
 /// Which kernel interface freezes a cgroup. Displayed, and serialized, as `v1` or `v2`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

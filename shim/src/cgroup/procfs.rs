@@ -68,6 +68,8 @@ pub struct ProcStat {
     pub utime_ticks: u64,
     /// Kernel-mode CPU time of all its threads, in clock ticks.
     pub stime_ticks: u64,
+    /// CPU time of its children that it waited for (`cutime + cstime`), in clock ticks.
+    pub children_ticks: u64,
 }
 
 impl ProcStat {
@@ -75,13 +77,19 @@ impl ProcStat {
     /// may hold spaces and parentheses itself, so fields are counted from the last `)`.
     pub fn parse(text: &str) -> Option<ProcStat> {
         let rest = &text[text.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After the name: state is field 3, utime field 14, stime field 15 (proc(5)).
-        let state = fields.first()?.chars().next()?;
+        // After the name: state is field 3, utime field 14, stime 15, cutime 16 and cstime 17
+        // (proc(5)).
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let utime_ticks = fields.nth(14 - 3 - 1)?.parse().ok()?;
+        let mut ticks = || fields.next()?.parse::<u64>().ok();
+        let stime_ticks = ticks()?;
+        let children_ticks = ticks()?.saturating_add(ticks()?);
         Some(ProcStat {
             state,
-            utime_ticks: fields.get(14 - 3)?.parse().ok()?,
-            stime_ticks: fields.get(15 - 3)?.parse().ok()?,
+            utime_ticks,
+            stime_ticks,
+            children_ticks,
         })
     }
 
@@ -93,19 +101,42 @@ impl ProcStat {
     /// Reads `PROC/PID/stat`, with `proc` standing for `/proc`.
     pub fn of_pid_in(proc: &Path, pid: u32) -> Result<ProcStat, CgroupError> {
         let text = read_proc_file(proc, pid, "stat")?;
-        ProcStat::parse(&text).ok_or_else(|| CgroupError::Malformed {
-            path: proc.join(pid.to_string()).join("stat"),
+        ProcStat::parse_file(&proc.join(pid.to_string()).join("stat"), &text)
+    }
+
+    /// The CPU time of its children that it waited for.
+    pub fn children_time(&self) -> Duration {
+        ticks_to_duration(self.children_ticks, clock_ticks_per_second())
+    }
+
+    /// [`ProcStat::parse`] of the file `path`, which read `text`; an error names it.
+    pub fn parse_file(path: &Path, text: &str) -> Result<ProcStat, CgroupError> {
+        ProcStat::parse(text).ok_or_else(|| CgroupError::Malformed {
+            path: path.to_path_buf(),
             what: format!("{:?} does not have the fields of proc(5)", text.trim_end()),
         })
     }
+}
 
-    /// User plus kernel CPU time.
-    pub fn cpu_time(&self) -> Duration {
-        ticks_to_duration(
-            self.utime_ticks + self.stime_ticks,
-            clock_ticks_per_second(),
-        )
-    }
+/// The kernel's clock ticks per second for `/proc` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+pub fn clock_ticks_per_second() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK);
+        ticks
+            .ok()
+            .flatten()
+            .and_then(|t| u64::try_from(t).ok())
+            .filter(|t| *t > 0)
+            .unwrap_or(100)
+    })
+}
+
+/// `ticks` clock ticks at `per_second` ticks a second, exactly (no float rounding).
+pub(super) fn ticks_to_duration(ticks: u64, per_second: u64) -> Duration {
+    let per_second = per_second.max(1);
+    let nanos = u128::from(ticks % per_second) * 1_000_000_000 / u128::from(per_second);
+    Duration::new(ticks / per_second, nanos as u32)
 }
 
 /// The signals pending for a process, from `/proc/PID/status`: its main thread's (`SigPnd`) and
@@ -117,16 +148,18 @@ impl PendingSignals {
     /// Parses the `SigPnd` and `ShdPnd` lines of `/proc/PID/status`; a line that does not read
     /// as a hexadecimal mask counts as none.
     pub fn parse(text: &str) -> PendingSignals {
-        let mut set = 0;
-        for line in text.lines() {
-            let Some((key, value)) = line.split_once(':') else {
-                continue;
+        // The node service reads this of every frozen process several times a second: look
+        // for the two keys rather than split all fifty-odd lines.
+        let mask = |key: &str| {
+            let at = if text.starts_with(key) {
+                0
+            } else {
+                text.find(&format!("\n{key}"))? + 1
             };
-            if key == "SigPnd" || key == "ShdPnd" {
-                set |= u64::from_str_radix(value.trim(), 16).unwrap_or(0);
-            }
-        }
-        PendingSignals(set)
+            let value = text[at + key.len()..].split('\n').next()?;
+            u64::from_str_radix(value.trim(), 16).ok()
+        };
+        PendingSignals(mask("SigPnd:").unwrap_or(0) | mask("ShdPnd:").unwrap_or(0))
     }
 
     /// Reads `/proc/PID/status`.
@@ -138,23 +171,6 @@ impl PendingSignals {
     pub fn has(self, signal: i32) -> bool {
         (1..=64).contains(&signal) && self.0 & (1 << (signal - 1)) != 0
     }
-}
-
-/// The kernel's clock ticks per second for `/proc` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-pub fn clock_ticks_per_second() -> u64 {
-    static TICKS: OnceLock<u64> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        // SAFETY: sysconf only reads a constant of the C library; it has no preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
-    })
-}
-
-/// `ticks` clock ticks at `per_second` ticks a second, exactly (no float rounding).
-pub(super) fn ticks_to_duration(ticks: u64, per_second: u64) -> Duration {
-    let per_second = per_second.max(1);
-    let nanos = u128::from(ticks % per_second) * 1_000_000_000 / u128::from(per_second);
-    Duration::new(ticks / per_second, nanos as u32)
 }
 
 /// Reads `PROC/PID/NAME`; a process that does not exist (or exited while we read) is
@@ -179,6 +195,11 @@ mod tests {
         assert!(pending.has(libc::SIGKILL) && pending.has(libc::SIGTERM));
         assert!(!pending.has(libc::SIGINT) && !pending.has(0) && !pending.has(65));
         assert_eq!(PendingSignals::parse("SigPnd:\tzz\n"), PendingSignals(0));
+        assert_eq!(PendingSignals::parse("SigPnd:\t4\n"), PendingSignals(4));
+        assert_eq!(
+            PendingSignals::parse("XSigPnd:\t1\nShdPnd:\t2"),
+            PendingSignals(2)
+        );
         assert_eq!(PendingSignals::parse(""), PendingSignals(0));
     }
 
@@ -227,20 +248,25 @@ mod tests {
 
     #[test]
     fn parses_proc_pid_stat() {
-        let tail = "3 4 5 6 7 8 9 10 11 12 250 75 0 0 20 0 1 0 100 1000 10";
+        let tail = "3 4 5 6 7 8 9 10 11 12 250 75 30 12 20 0 1 0 100 1000 10";
         let table = [
-            (format!("1234 (sh) R {tail}"), Some(('R', 250, 75))),
+            (format!("1234 (sh) R {tail}"), Some(('R', 250, 75, 42))),
             (
                 format!("1234 (my (odd) name) D {tail}"),
-                Some(('D', 250, 75)),
+                Some(('D', 250, 75, 42)),
             ),
-            (format!("1234 (a b) S {tail}"), Some(('S', 250, 75))),
+            (format!("1234 (a b) S {tail}"), Some(('S', 250, 75, 42))),
             ("1234 (sh) R 3 4".to_string(), None),
             ("no parenthesis R 1 2 3".to_string(), None),
             (format!("1234 (sh) R {}", tail.replace("250", "x")), None),
+            (
+                format!("1234 (sh) R {}", tail.replace(" 12 20", " y 20")),
+                None,
+            ),
         ];
         for (text, expected) in table {
-            let parsed = ProcStat::parse(&text).map(|s| (s.state, s.utime_ticks, s.stime_ticks));
+            let parsed = ProcStat::parse(&text)
+                .map(|s| (s.state, s.utime_ticks, s.stime_ticks, s.children_ticks));
             assert_eq!(parsed, expected, "{text}");
         }
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use super::procfs::{ProcCgroup, ProcStat};
+use super::procfs::ProcCgroup;
 use super::{fsio, CgroupError, Hierarchies};
 
 /// The control file of a v1 freezer cgroup.
@@ -63,50 +63,40 @@ pub(super) fn thaw(dir: &Path) -> Result<(), CgroupError> {
     }
 }
 
-/// CPU time of the processes `pids` (the members of a v1 freezer cgroup): `cpuacct.usage` of the
-/// cpuacct cgroup they are all in, when there is one and it is not the hierarchy's root; else the
-/// sum of their `utime + stime`. Processes that exit meanwhile are skipped. `proc` stands for
-/// `/proc`.
-pub(super) fn cpu_time(
+/// The control file of a cpuacct cgroup with its CPU time in nanoseconds.
+pub(super) const CPUACCT_USAGE: &str = "cpuacct.usage";
+
+/// The cpuacct cgroup all of `pids` are in, when they share one that is not the root (a process
+/// that exited meanwhile is not counted); `None` otherwise, and then their CPU time is the sum of
+/// theirs. `proc` stands for `/proc`.
+pub(super) fn cpuacct_dir(
     pids: &[u32],
     h: &Hierarchies,
     proc: &Path,
-) -> Result<Duration, CgroupError> {
-    if let Some(mount) = &h.cpuacct {
-        let mut groups = BTreeSet::new();
-        for &pid in pids {
-            match ProcCgroup::of_pid_in(proc, pid) {
-                Ok(cgroup) => {
-                    groups.insert(cgroup.cpuacct);
-                }
-                Err(CgroupError::NoProcess { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some(dir) = single_cpuacct_cgroup(&groups, mount) {
-            match fsio::read(&dir, "cpuacct.usage") {
-                Ok(text) => {
-                    let nanos = text.trim().parse().map_err(|_| CgroupError::Malformed {
-                        path: dir.join("cpuacct.usage"),
-                        what: format!("{:?} is not a number of nanoseconds", text.trim()),
-                    })?;
-                    return Ok(Duration::from_nanos(nanos));
-                }
-                // Its cpuacct cgroup went away (processes moved out): count per process.
-                Err(CgroupError::Gone(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    let mut total = Duration::ZERO;
+) -> Result<Option<std::path::PathBuf>, CgroupError> {
+    let Some(mount) = &h.cpuacct else {
+        return Ok(None);
+    };
+    let mut groups = BTreeSet::new();
     for &pid in pids {
-        match ProcStat::of_pid_in(proc, pid) {
-            Ok(stat) => total += stat.cpu_time(),
+        match ProcCgroup::of_pid_in(proc, pid) {
+            Ok(cgroup) => {
+                groups.insert(cgroup.cpuacct);
+            }
             Err(CgroupError::NoProcess { .. }) => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(total)
+    Ok(single_cpuacct_cgroup(&groups, mount))
+}
+
+/// The nanoseconds of a `cpuacct.usage` read from `path`.
+pub(super) fn parse_cpuacct_usage(path: &Path, text: &str) -> Result<Duration, CgroupError> {
+    let nanos = text.trim().parse().map_err(|_| CgroupError::Malformed {
+        path: path.to_path_buf(),
+        what: format!("{:?} is not a number of nanoseconds", text.trim()),
+    })?;
+    Ok(Duration::from_nanos(nanos))
 }
 
 /// The directory of the one cpuacct cgroup every member is in, when that is not the root.
@@ -172,10 +162,10 @@ mod tests {
         );
     }
 
-    /// A fixture `/proc` with processes given as (pid, cpuacct path, utime, stime).
-    fn fixture_proc(processes: &[(u32, &str, u64, u64)]) -> tempfile::TempDir {
+    /// A fixture `/proc` holding the `cgroup` file of processes given as (pid, cpuacct path).
+    fn fixture_proc(processes: &[(u32, &str)]) -> tempfile::TempDir {
         let proc = tempfile::tempdir().unwrap();
-        for &(pid, cpuacct, utime, stime) in processes {
+        for &(pid, cpuacct) in processes {
             let dir = proc.path().join(pid.to_string());
             fs::create_dir(&dir).unwrap();
             fs::write(
@@ -183,18 +173,69 @@ mod tests {
                 format!("6:freezer:/web\n2:cpuacct:{cpuacct}\n0::/\n"),
             )
             .unwrap();
-            fs::write(
-                dir.join("stat"),
-                format!("{pid} (sh) R 1 1 1 0 -1 0 0 0 0 0 {utime} {stime} 0 0 20 0 1 0 5 0 0"),
-            )
-            .unwrap();
         }
         proc
     }
 
+    /// Two sleeping processes, killed when dropped.
+    struct Sleepers(Vec<std::process::Child>);
+
+    impl Sleepers {
+        fn start() -> Sleepers {
+            let start = || {
+                std::process::Command::new("sleep")
+                    .arg("100")
+                    .spawn()
+                    .unwrap()
+            };
+            Sleepers(vec![start(), start()])
+        }
+
+        fn pids(&self) -> [u32; 2] {
+            [self.0[0].id(), self.0[1].id()]
+        }
+
+        /// Their CPU time together, from their CPU clocks.
+        fn cpu(&self) -> Duration {
+            use nix::time::{clock_gettime, ClockId};
+            self.pids()
+                .iter()
+                .map(|&pid| {
+                    let clock =
+                        ClockId::pid_cpu_clock_id(nix::unistd::Pid::from_raw(pid as i32)).unwrap();
+                    Duration::from(clock_gettime(clock).unwrap())
+                })
+                .sum()
+        }
+    }
+
+    impl Drop for Sleepers {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// A pid no process can have (above the kernel's largest).
+    const NO_PID: u32 = 4_000_000_000;
+
+    /// CPU time of a v1 cgroup whose `cgroup.procs` lists `pids`, read as the service does.
+    fn cpu_time(pids: &[u32], h: &Hierarchies, proc: &Path) -> Result<Duration, CgroupError> {
+        let cgroup = tempfile::tempdir().unwrap();
+        let list: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        fs::write(cgroup.path().join("cgroup.procs"), list).unwrap();
+        let freezer = crate::cgroup::FreezerCgroup::new(
+            crate::cgroup::FreezerVersion::V1,
+            cgroup.path().to_path_buf(),
+        );
+        crate::cgroup::CgroupReader::with_proc(freezer, proc).cpu_time(h)
+    }
+
     #[test]
     fn cpu_time_reads_the_shared_cpuacct_cgroup() {
-        let proc = fixture_proc(&[(10, "/web", 1, 1), (11, "/web", 1, 1)]);
+        let proc = fixture_proc(&[(10, "/web"), (11, "/web")]);
         let cpuacct = tempfile::tempdir().unwrap();
         fs::create_dir(cpuacct.path().join("web")).unwrap();
         fs::write(cpuacct.path().join("web/cpuacct.usage"), "1500000000\n").unwrap();
@@ -208,9 +249,8 @@ mod tests {
 
     #[test]
     fn cpu_time_sums_processes_in_the_cpuacct_root_or_in_different_cgroups() {
-        let ticks = super::super::clock_ticks_per_second();
-        let each =
-            |utime: u64, stime: u64| super::super::procfs::ticks_to_duration(utime + stime, ticks);
+        let sleepers = Sleepers::start();
+        let [a, b] = sleepers.pids();
         let cpuacct = tempfile::tempdir().unwrap();
         let mounted = Hierarchies {
             cpuacct: Some(cpuacct.path().to_path_buf()),
@@ -218,26 +258,20 @@ mod tests {
         };
         let unmounted = Hierarchies::default();
         let table = [
-            (
-                "cpuacct root",
-                &mounted,
-                [(10, "/", 30, 10), (11, "/", 5, 5)],
-            ),
-            (
-                "different cgroups",
-                &mounted,
-                [(10, "/a", 30, 10), (11, "/b", 5, 5)],
-            ),
-            (
-                "no cpuacct mount",
-                &unmounted,
-                [(10, "/a", 30, 10), (11, "/a", 5, 5)],
-            ),
+            ("cpuacct root", &mounted, [(a, "/"), (b, "/")]),
+            ("different cgroups", &mounted, [(a, "/a"), (b, "/b")]),
+            ("no cpuacct mount", &unmounted, [(a, "/a"), (b, "/a")]),
         ];
         for (name, h, processes) in table {
             let proc = fixture_proc(&processes);
-            let time = cpu_time(&[10, 11, 99], h, proc.path()).unwrap();
-            assert_eq!(time, each(30, 10) + each(5, 5), "{name}");
+            // Their clocks, read around the reader's (they may still be starting).
+            let before = sleepers.cpu();
+            let time = cpu_time(&[a, b, NO_PID], h, proc.path()).unwrap();
+            let after = sleepers.cpu();
+            assert!(
+                before <= time && time <= after && !time.is_zero(),
+                "{name}: {before:?} <= {time:?} <= {after:?}"
+            );
         }
     }
 

@@ -8,7 +8,7 @@ use super::{fsio, CgroupError};
 /// The file that asks for a freeze (`1`) or a thaw (`0`).
 pub(super) const FREEZE_FILE: &str = "cgroup.freeze";
 /// The file that says whether the cgroup is populated and frozen.
-const EVENTS_FILE: &str = "cgroup.events";
+pub(super) const EVENTS_FILE: &str = "cgroup.events";
 
 /// What `cgroup.events` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,13 +44,18 @@ pub(super) fn parse_events(text: &str) -> Option<Events> {
 /// Reads `cgroup.events`.
 pub(super) fn events(dir: &Path) -> Result<Events, CgroupError> {
     let text = fsio::read(dir, EVENTS_FILE)?;
-    parse_events(&text).ok_or_else(|| CgroupError::Malformed {
+    parse_events(&text).ok_or_else(|| malformed_events(dir, &text))
+}
+
+/// The error for a `cgroup.events` of `dir` that reads `text`.
+pub(super) fn malformed_events(dir: &Path, text: &str) -> CgroupError {
+    CgroupError::Malformed {
         path: dir.join(EVENTS_FILE),
         what: format!(
             "{:?} lacks `populated` or `frozen` (the cgroup2 freezer needs Linux 5.2)",
             text.trim()
         ),
-    })
+    }
 }
 
 /// Asks the kernel to freeze the cgroup (only the write).
@@ -76,20 +81,10 @@ pub(super) fn thaw(dir: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// Whether a process is left in the cgroup or its descendants; a removed cgroup has none.
-pub(super) fn is_populated(dir: &Path) -> Result<bool, CgroupError> {
-    match events(dir) {
-        Ok(events) => Ok(events.populated),
-        Err(CgroupError::Gone(_)) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 /// `usage_usec` of `cpu.stat`: CPU time of the cgroup and its descendants, also without the
 /// `cpu` controller enabled.
-pub(super) fn cpu_time(dir: &Path) -> Result<Duration, CgroupError> {
-    let text = fsio::read(dir, "cpu.stat")?;
-    let micros = keyed_value(&text, "usage_usec").ok_or_else(|| CgroupError::Malformed {
+pub(super) fn parse_cpu_stat(dir: &Path, text: &str) -> Result<Duration, CgroupError> {
+    let micros = keyed_value(text, "usage_usec").ok_or_else(|| CgroupError::Malformed {
         path: dir.join("cpu.stat"),
         what: "no `usage_usec` line".into(),
     })?;
@@ -125,6 +120,7 @@ mod tests {
             "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\nnr_periods 0\n",
         )
         .unwrap();
+        let cpu_time = |dir: &Path| parse_cpu_stat(dir, &fsio::read(dir, "cpu.stat")?);
         assert_eq!(cpu_time(dir.path()).unwrap(), Duration::from_micros(2500));
         fs::write(dir.path().join("cpu.stat"), "user_usec 2000\n").unwrap();
         assert!(matches!(
@@ -163,6 +159,10 @@ mod tests {
     #[test]
     fn a_removed_cgroup_is_not_populated() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(!is_populated(&dir.path().join("gone")).unwrap());
+        let gone = crate::cgroup::FreezerCgroup::new(
+            crate::cgroup::FreezerVersion::V2,
+            dir.path().join("gone"),
+        );
+        assert!(!gone.is_populated().unwrap());
     }
 }

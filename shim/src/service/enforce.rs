@@ -19,13 +19,17 @@ use gpuplex_scheduler::VgpuId;
 
 use super::unstarted::Unstarted;
 use super::Service;
-use crate::cgroup::{freeze_all, CgroupError, FreezerCgroup};
+use crate::cgroup::{freeze_all, CgroupError, CgroupReader, FreezerCgroup};
 
 /// An attached container as the service enforces it.
 #[derive(Debug)]
 pub(super) struct Enforced {
     /// Its freezer cgroup.
     pub cgroup: FreezerCgroup,
+    /// Its files read at every sample, kept open.
+    pub reader: CgroupReader,
+    /// Pidfds of some of its processes, watched for their exits.
+    pub exits: Vec<std::os::fd::OwnedFd>,
     /// Since when it is frozen (confirmed), if it is.
     pub frozen_since: Option<Instant>,
     /// Time frozen before that.
@@ -41,6 +45,8 @@ pub(super) struct Enforced {
 impl Enforced {
     pub fn new(cgroup: FreezerCgroup) -> Enforced {
         Enforced {
+            reader: CgroupReader::new(cgroup.clone()),
+            exits: Vec::new(),
             cgroup,
             frozen_since: None,
             frozen_total: Duration::ZERO,
@@ -174,6 +180,30 @@ impl Service {
         }
         self.record_frozen(&[]);
         thawed
+    }
+
+    /// Watches the exits of `vgpu`'s container's processes as they are now.
+    pub(super) fn watch_exits(&mut self, vgpu: VgpuId) {
+        let (Some(watch), Some(e)) = (&self.exit_watch, self.enforced.get_mut(&vgpu)) else {
+            return;
+        };
+        e.exits.clear();
+        if let Ok(pids) = e.reader.pids() {
+            e.exits = watch.watch(vgpu, &pids);
+        }
+    }
+
+    /// A process of `vgpu`'s container exited: releases it when none is left, else watches
+    /// the ones it has now.
+    pub(super) fn exit_seen(&mut self, vgpu: VgpuId) {
+        let Some(e) = self.enforced.get_mut(&vgpu) else {
+            return;
+        };
+        match e.reader.is_populated() {
+            Ok(true) => self.watch_exits(vgpu),
+            Ok(false) | Err(CgroupError::Gone(_)) => self.release_exited(vgpu),
+            Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
+        }
     }
 
     /// Releases a container whose processes are all gone.

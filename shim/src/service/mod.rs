@@ -21,6 +21,7 @@
 
 mod cdi;
 mod enforce;
+mod exits;
 mod recover;
 mod requests;
 mod socket;
@@ -58,6 +59,8 @@ pub enum Event {
     Status(Sender<NodeStatus>),
     /// Stop: thaw everything and return.
     Shutdown(&'static str),
+    /// A process of this vGPU's container exited: see whether any is left.
+    Exited(VgpuId),
 }
 
 /// Why the service cannot start. One line.
@@ -114,6 +117,10 @@ pub struct Service {
     /// The GPUs' CDI spec, as containers get it.
     cdi: CdiSpecs,
     last_checkpoint: std::time::Instant,
+    /// When every container was last asked whether it still has processes.
+    last_exit_sweep: std::time::Instant,
+    /// When the frozen containers were last looked at for stop signals.
+    last_stop_check: std::time::Instant,
     /// The node, owned (kept for the process's life).
     lock: NodeLock,
     /// The frozen list as last written (`None`: not written yet).
@@ -121,6 +128,8 @@ pub struct Service {
     /// What thaws the frozen list if the service dies; `None` when it could not be (re)started,
     /// and then nothing is frozen.
     watchdog: Option<Watchdog>,
+    /// The exits of containers' processes (`None`: no epoll; the sweep sees them).
+    exit_watch: Option<exits::ExitWatch>,
 }
 
 /// How long a start waits for the node lock (the watchdog of a service that just died holds it
@@ -130,10 +139,19 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// How often the accounting is saved.
 pub const ACCOUNTING_CHECKPOINT: Duration = Duration::from_secs(1);
 
+/// How often every container is asked whether it still has processes, for the exits its pidfds
+/// did not see (see `Service::sample`).
+pub const EXIT_SWEEP: Duration = Duration::from_secs(1);
+
+/// How often the frozen containers are looked at for a pending stop signal: reading a process's
+/// `/proc/PID/status` is the dearest read of a sample (about 15 µs).
+pub const STOP_CHECK: Duration = Duration::from_millis(100);
+
 impl Service {
     /// Finds the GPUs and the cgroup hierarchies, opens the state directory and recovers what
     /// it holds. Logs what it found.
     pub fn start(config: NodeConfig) -> Result<Service, ServiceError> {
+        keep_descriptors();
         let found = gpus::discover(&config)?;
         let hierarchies = Hierarchies::of_this_machine()?;
         let state = StateDir::open(&config.service.state_dir)?;
@@ -209,10 +227,17 @@ impl Service {
             node_name,
             cdi,
             last_checkpoint: std::time::Instant::now(),
+            last_exit_sweep: std::time::Instant::now(),
+            last_stop_check: std::time::Instant::now(),
             config,
             lock,
             frozen_saved: None,
             watchdog: None,
+            exit_watch: exits::ExitWatch::new()
+                .inspect_err(|e| {
+                    tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}")
+                })
+                .ok(),
         };
         service.recover()?;
         let watchdog =
@@ -314,6 +339,7 @@ impl Service {
                         self.shutdown(why);
                         return;
                     }
+                    Event::Exited(vgpu) => self.exit_seen(vgpu),
                 }
             }
             let now = self.now();
@@ -329,48 +355,65 @@ impl Service {
     }
 
     /// Samples activity, and releases containers whose processes are all gone.
+    ///
+    /// What it costs follows what can change: a frozen container cannot show work (the
+    /// scheduler ignores its samples) nor exit on v1, a held or unstarted one is not scheduled;
+    /// none of them is sampled. An exit is told by the kernel (a pidfd of the
+    /// container's processes becomes readable: `exits.rs`); every [`EXIT_SWEEP`], not every
+    /// sample, each container is also asked whether it still has processes, for the exits no
+    /// pidfd saw. A frozen one is looked at for stop signals every [`STOP_CHECK`]. Every read is one
+    /// `pread` of a file kept open ([`crate::cgroup::CgroupReader`]).
     fn sample(&mut self) {
         self.keep_watchdog();
-        let mut exited = Vec::new();
-        for (&vgpu, e) in &self.enforced {
-            match e.cgroup.is_populated() {
-                Ok(true) => {}
-                Ok(false) | Err(CgroupError::Gone(_)) => exited.push(vgpu),
-                Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
+        if self.last_exit_sweep.elapsed() >= EXIT_SWEEP {
+            self.last_exit_sweep = std::time::Instant::now();
+            let mut exited = Vec::new();
+            for (&vgpu, e) in &mut self.enforced {
+                match e.reader.is_populated() {
+                    Ok(true) => {}
+                    Ok(false) | Err(CgroupError::Gone(_)) => exited.push(vgpu),
+                    Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
+                }
+            }
+            for vgpu in exited {
+                self.release_exited(vgpu);
             }
         }
-        for vgpu in exited {
-            self.release_exited(vgpu);
+        if self.last_stop_check.elapsed() >= STOP_CHECK {
+            self.last_stop_check = std::time::Instant::now();
+            self.notice_stops();
         }
-        self.notice_stops();
         for (vgpu, e) in self.enforced.iter_mut() {
             if e.unstarted.is_some_and(|u| u.has_started()) {
                 e.unstarted = None;
                 tracing::debug!("{vgpu}: its container started; sampled from now on");
             }
         }
-        let gpus_of: Vec<(VgpuId, Vec<gpuplex_scheduler::GpuIndex>)> = self
+        let node = &self.node;
+        let mut watched: Vec<Watched<'_>> = self
             .enforced
-            .iter()
-            .filter(|(_, e)| e.unstarted.is_none())
-            .filter_map(|(&v, _)| Some((v, self.node.record(v)?.assignment.gpus.clone())))
-            .collect();
-        let watched: Vec<Watched<'_>> = gpus_of
-            .iter()
-            .map(|(v, gpus)| Watched {
-                vgpu: *v,
-                cgroup: &self.enforced[v].cgroup,
-                gpus,
-                thawed_at: self.enforced[v].thawed_at,
+            .iter_mut()
+            .filter(|(_, e)| e.unstarted.is_none() && !e.held && e.frozen_since.is_none())
+            .filter_map(|(&vgpu, e)| {
+                Some(Watched {
+                    vgpu,
+                    gpus: &node.record(vgpu)?.assignment.gpus,
+                    thawed_at: e.thawed_at,
+                    reader: &mut e.reader,
+                })
             })
             .collect();
         let nvml = match &mut self.source {
             GpuSource::Nvml(n) => Some(n.as_mut()),
             _ => None,
         };
-        let samples =
-            self.sampler
-                .sample(&watched, &self.hierarchies, nvml, std::time::Instant::now());
+        let samples = self.sampler.sample(
+            &mut watched,
+            &self.hierarchies,
+            nvml,
+            std::time::Instant::now(),
+        );
+        drop(watched);
         let now = self.now();
         for (vgpu, has_work) in samples {
             self.node.observe(vgpu, has_work, now);
@@ -461,11 +504,31 @@ impl Service {
     }
 }
 
+/// Raises the soft limit on open files to the hard one (the soft default, 1024, dates from
+/// `select(2)`, which the service does not use), and lets the cgroup readers keep half of it.
+fn keep_descriptors() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(_) => soft,
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
+    };
+    crate::cgroup::set_kept_budget(usize::try_from(soft / 2).unwrap_or(usize::MAX));
+}
+
 /// Runs the node service in the foreground until SIGTERM or SIGINT: the whole of
 /// `containerd-shim-gpuplex-v1 serve`.
 pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
     let mut service = Service::start(config)?;
     let (events, inbox) = mpsc::channel();
+    if let Some(watch) = &service.exit_watch {
+        if let Err(e) = watch.spawn(events.clone()) {
+            tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}");
+        }
+    }
     let socket = socket::bind(&service.config.service.socket)?;
     tracing::info!(
         "listening on {} (mode 0600)",

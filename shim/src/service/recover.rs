@@ -244,6 +244,7 @@ impl Service {
                 );
             }
             self.enforced.insert(id, enforced);
+            self.watch_exits(id);
         }
         Ok(())
     }

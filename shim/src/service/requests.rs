@@ -303,6 +303,7 @@ impl Service {
             self.enforced.remove(&vgpu);
             return Err(e);
         }
+        self.watch_exits(vgpu);
         tracing::info!(
             "{vgpu}: {} attached on GPU {}, freezer {} {}",
             attachment.container,

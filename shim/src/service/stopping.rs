@@ -49,15 +49,13 @@ impl Service {
     /// Looks for stop signals pending in the containers the service froze.
     pub(super) fn notice_stops(&mut self) {
         let mut stops = Vec::new();
-        for (&vgpu, e) in &self.enforced {
+        for (&vgpu, e) in &mut self.enforced {
             if e.held || e.frozen_since.is_none() {
                 continue;
             }
-            let Ok(pids) = e.cgroup.pids() else { continue };
-            let pending = pids
-                .into_iter()
-                .filter_map(|pid| PendingSignals::of_pid(pid).ok())
-                .fold(PendingSignals::default(), |a, b| PendingSignals(a.0 | b.0));
+            let Ok(pending) = e.reader.pending_signals() else {
+                continue;
+            };
             if let Some(signal) = stop_signal(pending) {
                 stops.push((vgpu, signal));
             }

@@ -33,11 +33,10 @@ pub fn serve(flags: &Flags) -> Result<(), String> {
     // Before any child exists: every exit reaches the monitor.
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGPIPE, SIGCHLD])
         .map_err(|e| format!("cannot watch signals: {e}"))?;
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         return Err(format!(
             "cannot become a subreaper: {}",
-            std::io::Error::last_os_error()
+            std::io::Error::from(e)
         ));
     }
     let _ = containerd_shim::logger::init(flags.debug, "info", &flags.namespace, &flags.id);
@@ -119,10 +118,7 @@ fn listen(path: &str) -> Result<Option<UnixListener>, String> {
 
 /// Tells `start` (which reads this process's stdout to its end) that the socket is served.
 fn started() {
-    // SAFETY: dup2 on the process's own standard descriptors.
-    unsafe {
-        libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO);
-    }
+    let _ = nix::unistd::dup2_stdout(std::io::stderr());
 }
 
 /// Reaps every exited child and tells the exit monitor.

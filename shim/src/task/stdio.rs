@@ -290,18 +290,13 @@ impl ProcessIo {
         let Some(console) = &self.console else {
             return Err(io::Error::other("the process has no terminal"));
         };
-        let size = libc::winsize {
+        let size = rustix::termios::Winsize {
             ws_row: height as u16,
             ws_col: width as u16,
             ws_xpixel: 0,
             ws_ypixel: 0,
         };
-        // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
-        let rc = unsafe { libc::ioctl(console.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        rustix::termios::tcsetwinsize(console, size).map_err(io::Error::from)
     }
 }
 

@@ -398,16 +398,13 @@ impl Drop for TestCgroup {
     }
 }
 
-/// A process's CPU time (utime + stime) from /proc/PID/stat.
+/// A process's CPU time, all its threads together, from its CPU clock (zero once it is gone).
 pub fn process_cpu(pid: u32) -> Duration {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_nanos(ticks * 1_000_000_000 / hz)
+    use nix::time::{clock_gettime, ClockId};
+    ClockId::pid_cpu_clock_id(nix::unistd::Pid::from_raw(pid as i32))
+        .and_then(clock_gettime)
+        .map(Duration::from)
+        .unwrap_or_default()
 }
 
 /// Waits until `check` holds, up to `within`; returns how long it took.
