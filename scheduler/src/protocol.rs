@@ -55,6 +55,8 @@ use crate::{Handle, Instant, VgpuId};
 
 pub mod cdi;
 
+use cdi::CdiEdits;
+
 /// The longest request line accepted, in bytes (without its newline).
 pub const MAX_LINE: usize = 64 * 1024;
 
@@ -303,10 +305,10 @@ pub struct VgpuReply {
     pub weight: u32,
     /// Priority class.
     pub priority: Priority,
-    /// The edits of the GPUs' CDI spec for its GPUs (the hook's `CdiEdits`), in the replies to
-    /// `reserve` and `register` on a node that has a spec of its CDI kind; absent otherwise.
+    /// The edits of the GPUs' CDI spec for its GPUs, in the replies to `reserve` and
+    /// `register` on a node that has a spec of its CDI kind; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cdi: Option<Value>,
+    pub cdi: Option<CdiEdits>,
 }
 
 /// One GPU of a vGPU.

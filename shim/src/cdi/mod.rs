@@ -1,4 +1,5 @@
-//! The NVIDIA Container Toolkit's CDI spec, applied for the GPUs gpuplex assigned (issue #6).
+//! The GPUs' CDI spec as the node service reads it (issue #6): the NVIDIA Container Toolkit's
+//! spec, from which each reservation gets the edits for its GPUs.
 //!
 //! On a real GPU host `nvidia-ctk cdi generate` writes a [CDI] spec (`/etc/cdi/nvidia.yaml` or
 //! `/var/run/cdi/nvidia.yaml`) of kind `nvidia.com/gpu`: spec-wide `containerEdits` (control
@@ -16,25 +17,21 @@
 //!   gpuplex's business); a file whose kind cannot be read at all is an error, since it may be
 //!   the one we need. CDI's precedence: for the same device name a later directory overrides an
 //!   earlier one; two files of one directory defining the same name is an error naming both.
-//! - [`CdiRegistry::edits_for`] picks the edits for an assignment, as a plain [`CdiEdits`]: the
-//!   spec-wide edits of each spec that supplies one of the chosen devices (once, in order of
-//!   first use), then each GPU's device edits in the order given.
+//! - [`CdiRegistry::edits_for`] picks the edits for an assignment, as the protocol's plain
+//!   [`CdiEdits`]: the spec-wide edits of each spec that supplies one of the chosen devices
+//!   (once, in order of first use), then each GPU's device edits in the order given.
 //! - [`CdiRegistry::check_inventory`] compares the spec's `GPU-…` devices with the node's GPUs
 //!   (a driver upgrade or a swapped card without regenerating the spec).
-//! - [`apply`] writes [`CdiEdits`] into a `config.json` value the way CDI does; all or nothing.
 //!
-//! The node service loads the registry and sends each reservation's [`CdiEdits`] in its reply;
-//! the hook only applies them, so `gpuplex-hook` never calls into the CDI crate (and the linker
-//! leaves it, with its YAML, JSON schema and HTTP dependencies, out of the hook's binary).
-//! - [`nvidia_runtime_conflict`] tells when a container asks NVIDIA's own runtime for GPUs too.
-//!   It must look at the config *before* [`apply`]: the spec's own hooks are NVIDIA's.
+//! The node service (`service/cdi.rs`) loads the registry and sends each reservation's
+//! [`CdiEdits`] in its reply; the hook (`gpuplex_hook::cdi::apply`) only applies them, so only
+//! this crate links the CDI crate and its YAML, JSON schema and HTTP dependencies. This
+//! directory depends on nothing else of the node service's.
 //!
 //! Every error's `Display` is one line naming the file, device or GPU at fault.
 //!
 //! [CDI]: https://github.com/cncf-tags/container-device-interface/blob/main/SPEC.md
 
-mod apply;
-mod conflict;
 #[cfg(test)]
 mod tests;
 
@@ -44,197 +41,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use container_device_interface::specs::config::ContainerEdits as RawContainerEdits;
-use serde::{Deserialize, Serialize};
+use gpuplex_client::config::DEFAULT_SPEC_DIRS;
+use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
+use serde::Deserialize;
 use serde_json::Value;
 
-pub use apply::apply;
-pub use conflict::nvidia_runtime_conflict;
-
-/// Where the CDI specs are and which kind the GPUs are: `cdi_spec_dirs` and `cdi_kind` in
-/// `[service]` of gpuplex's configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CdiSettings {
-    /// The directories, later ones overriding earlier ones.
-    pub spec_dirs: Vec<PathBuf>,
-    /// The kind.
-    pub kind: String,
-}
-
-impl Default for CdiSettings {
-    fn default() -> Self {
-        CdiSettings {
-            spec_dirs: DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
-            kind: DEFAULT_KIND.to_owned(),
-        }
-    }
-}
-
-impl CdiSettings {
-    /// From the `[service]` table of a parsed gpuplex configuration (the node service checks
-    /// the rest of the file); the defaults where a key is absent.
-    pub fn from_service_table(service: Option<&toml::Value>) -> Result<CdiSettings, String> {
-        let mut settings = CdiSettings::default();
-        let Some(service) = service else {
-            return Ok(settings);
-        };
-        if let Some(dirs) = service.get("cdi_spec_dirs") {
-            let list = dirs.as_array().ok_or(BAD_DIRS)?;
-            settings.spec_dirs = list
-                .iter()
-                .map(|d| d.as_str().map(PathBuf::from))
-                .collect::<Option<_>>()
-                .ok_or(BAD_DIRS)?;
-        }
-        if let Some(kind) = service.get("cdi_kind") {
-            settings.kind = kind.as_str().ok_or(BAD_KIND)?.to_owned();
-        }
-        settings.validate()?;
-        Ok(settings)
-    }
-
-    /// The one check of `cdi_spec_dirs` and `cdi_kind`, for the hook and the node service
-    /// alike: a file the service runs with never makes the hook refuse every container.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.spec_dirs.iter().any(|d| d.as_os_str().is_empty()) {
-            return Err(BAD_DIRS.into());
-        }
-        if !self.kind.contains('/') {
-            return Err(BAD_KIND.into());
-        }
-        Ok(())
-    }
-}
-
-const BAD_DIRS: &str =
-    "service.cdi_spec_dirs must be a list of directories, like [\"/etc/cdi\", \"/var/run/cdi\"]";
-const BAD_KIND: &str = "service.cdi_kind must be a CDI kind like \"nvidia.com/gpu\"";
-
-/// The CDI spec directories when none are configured, lowest precedence first.
-pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
-/// The CDI kind of NVIDIA's GPUs.
-pub const DEFAULT_KIND: &str = "nvidia.com/gpu";
 /// The device every NVIDIA spec has for all GPUs at once; gpuplex never applies it.
 pub const ALL_DEVICE: &str = "all";
-/// The OCI hook stages a CDI hook may name.
-pub const HOOK_NAMES: [&str; 6] = [
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-];
 /// How a CDI spec is (re)generated, for messages.
 const GENERATE: &str = "nvidia-ctk cdi generate --output=";
-
-/// A device node to give the container, as the CDI spec has it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CdiDeviceNode {
-    /// Where it appears in the container.
-    pub path: String,
-    /// The node on the host, when not `path`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_path: Option<String>,
-    /// `c`, `b`, `u` or `p`; read from the host node when absent.
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
-    pub node_type: Option<String>,
-    /// The major number; read from the host node when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub major: Option<i64>,
-    /// The minor number; read with the major number.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub minor: Option<i64>,
-    /// The node's permission bits in the container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file_mode: Option<u32>,
-    /// The device cgroup access (`rwm` when absent, none at all for `none`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub permissions: Option<String>,
-    /// The node's owner (the process's uid when absent and not root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<u32>,
-    /// The node's group (the process's gid when absent and not root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gid: Option<u32>,
-}
-
-/// A mount to add to the container.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CdiMount {
-    /// The mount's source on the host.
-    pub host_path: String,
-    /// Its destination in the container.
-    pub container_path: String,
-    /// The file system type (NVIDIA's bind mounts have none, only the `bind` option).
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
-    pub mount_type: Option<String>,
-    /// The mount options.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
-}
-
-/// An OCI hook to add to the container.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CdiHook {
-    /// The stage, one of [`HOOK_NAMES`].
-    pub hook_name: String,
-    /// The program, an absolute path on the host.
-    pub path: String,
-    /// `argv`, `argv[0]` included.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    /// The hook's environment (`KEY=value`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    /// Seconds before the runtime gives up on the hook.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<i64>,
-}
-
-/// The edits for one assignment, merged: the spec-wide edits first, then each GPU's. The node
-/// service sends them with a reservation (`cdi` in its reply), in this form.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct CdiEdits {
-    /// `KEY=value` entries; a later one replaces an earlier one of the same name.
-    pub env: Vec<String>,
-    /// Device nodes; a later one replaces an earlier one of the same `path`.
-    pub device_nodes: Vec<CdiDeviceNode>,
-    /// Mounts; a later one replaces an earlier one of the same `container_path`.
-    pub mounts: Vec<CdiMount>,
-    /// Hooks, in the order they run within their stage.
-    pub hooks: Vec<CdiHook>,
-    /// Supplementary groups for the container's process.
-    pub additional_gids: Vec<u32>,
-    /// The devices the edits come from, fully qualified (`nvidia.com/gpu=GPU-…`), for logs.
-    pub cdi_devices: Vec<String>,
-    /// The spec files the edits come from, for logs.
-    pub spec_files: Vec<PathBuf>,
-}
-
-impl CdiEdits {
-    /// Appends `other`'s edits (not its provenance) after this one's.
-    fn append(&mut self, other: &CdiEdits) {
-        self.env.extend_from_slice(&other.env);
-        self.device_nodes.extend_from_slice(&other.device_nodes);
-        self.mounts.extend_from_slice(&other.mounts);
-        self.hooks.extend_from_slice(&other.hooks);
-        self.additional_gids
-            .extend_from_slice(&other.additional_gids);
-    }
-
-    /// Whether there is nothing to apply.
-    pub fn is_empty(&self) -> bool {
-        self.env.is_empty()
-            && self.device_nodes.is_empty()
-            && self.mounts.is_empty()
-            && self.hooks.is_empty()
-            && self.additional_gids.is_empty()
-    }
-}
 
 /// What can go wrong loading or using CDI specs. Every message is one line.
 #[derive(Debug, thiserror::Error)]
