@@ -3,8 +3,8 @@
 //! One definition, two users: the cargo-fuzz targets (`fuzz/fuzz_targets/`, nightly) and the
 //! main workspace's `tests/tests/fuzz_regressions.rs` (stable), which includes this file with
 //! `#[path]` and replays every file of `fuzz/regressions/<target>/` through the same function.
-//! So this file uses only what both crates depend on: the three gpuplex crates, `serde_json`,
-//! `toml` and `tempfile`.
+//! So this file uses only what both crates depend on: the gpuplex crates (scheduler, client,
+//! hook, shim), `serde_json`, `toml` and `tempfile`.
 //!
 //! Every body holds, for any input: nothing panics, and every error's `Display` is one line
 //! (ARCHITECTURE.md, "nothing panics on input"). A panic here, an assertion's included, is a
@@ -327,17 +327,19 @@ fn set_aside(dir: &Path, name: &str) -> Option<Vec<u8>> {
     }
 }
 
-/// `gpuplex_toml`: the input as `gpuplex.toml` (invalid UTF-8 replaced) to the node service's
-/// `NodeConfig::parse`, the hook's `client::hook_config` (from a file) and the core's
-/// `SchedulerConfig::from_toml` and `PolicyConfig::from_toml`; as it is to `NodeConfig::load`
-/// (from a file); and each of its strings (keys and values) to `time::parse_duration`.
+/// `gpuplex_toml`: the input as `gpuplex.toml` (invalid UTF-8 replaced) to the one reader,
+/// `NodeConfig::parse`, to the hook's `HookContext::from_config` (from a file) and to the
+/// core's `SchedulerConfig::from_toml` and `PolicyConfig::from_toml`; as it is to
+/// `NodeConfig::load` (from a file); and each of its strings (keys and values) to
+/// `time::parse_duration`.
 ///
-/// Also held: what the node service accepts, the hook and the core accept too, and read the
-/// same (`[scheduler]`, `[policy]`; the socket and CDI settings); a duration read formats to
-/// text that reads back to it, to within the 3 decimals the format keeps.
+/// Also held: what the node service accepts, the hook accepts, and what it refuses, the hook
+/// refuses; the core accepts it too; all read it the same (`[scheduler]`, `[policy]`; the
+/// socket and CDI settings); a duration read formats to text that reads back to it, to within
+/// the 3 decimals the format keeps.
 pub fn gpuplex_toml(data: &[u8]) {
     let text = text_of(data);
-    let node = gpuplex_shim::config::NodeConfig::parse(&text);
+    let node = gpuplex_client::config::NodeConfig::parse(&text);
     if let Err(e) = &node {
         one_line("NodeConfig::parse", e);
     }
@@ -354,16 +356,21 @@ pub fn gpuplex_toml(data: &[u8]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("gpuplex.toml");
     std::fs::write(&path, &text).expect("write the file");
-    let hook = gpuplex_hook::client::hook_config(&path, true);
+    let hook = gpuplex_hook::stages::HookContext::from_config("precreate", Some(&path));
     let raw = dir.path().join("raw.toml");
     std::fs::write(&raw, data).expect("write the file");
-    if let Err(e) = gpuplex_shim::config::NodeConfig::load(&raw, true) {
+    if let Err(e) = gpuplex_client::config::NodeConfig::load(&raw, true) {
         one_line("NodeConfig::load", e);
     }
     if let Err(e) = &hook {
-        one_line("hook_config", e);
+        one_line("HookContext::from_config", e);
     }
-    if let Ok(node) = &node {
+    assert_eq!(
+        hook.is_ok(),
+        node.is_ok(),
+        "the node service and the hook disagree on whether the file is good"
+    );
+    if let (Ok(node), Ok(hook)) = (&node, &hook) {
         assert_eq!(
             scheduler.as_ref(),
             Ok(&node.scheduler),
@@ -374,13 +381,8 @@ pub fn gpuplex_toml(data: &[u8]) {
             Ok(&node.policy),
             "the core reads [policy] otherwise"
         );
-        let (socket, cdi) = hook.expect("the node service accepts it, the hook refuses it");
-        assert_eq!(
-            socket.as_ref().unwrap_or(&node.service.socket),
-            &node.service.socket
-        );
-        assert_eq!(cdi.spec_dirs, node.service.cdi_spec_dirs);
-        assert_eq!(cdi.kind, node.service.cdi_kind);
+        assert_eq!(hook.socket, node.service.socket);
+        assert_eq!(hook.cdi, node.service.cdi());
     }
     // Every string of the document as a duration, the way `slice = "200ms"` is read.
     let mut strings = Vec::new();

@@ -20,15 +20,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use gpuplex_client::config::{CdiSettings, NodeConfig, DEFAULT_CONFIG};
+use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_scheduler::node::{ReleaseKey, Target};
 use gpuplex_scheduler::protocol::VgpuReply;
 use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_HANDLE, VGPU_ID};
 use gpuplex_scheduler::{Handle, VgpuId};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::cdi::{self, CdiEdits, CdiSettings};
-use crate::client::{hook_config, ClientError, NodeClient, DEFAULT_CONFIG, DEFAULT_SOCKET};
+use crate::cdi;
 use crate::identity::{self, Identity};
 use crate::inject;
 use crate::oci_state::{BundleConfig, OciState};
@@ -66,8 +66,8 @@ pub struct HookContext {
 }
 
 impl HookContext {
-    /// The context from the configuration (`--config`, else `$GPUPLEX_CONFIG`, else the
-    /// default file, which may be absent).
+    /// The context from the configuration `named` (`--config`, else `$GPUPLEX_CONFIG`), else
+    /// the default file, which may be absent; read and checked as the node service reads it.
     pub fn from_config(
         stage: &'static str,
         named: Option<&Path>,
@@ -76,9 +76,12 @@ impl HookContext {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG), false),
         };
-        let (socket, cdi) =
-            hook_config(&path, was_named).map_err(|message| HookError { stage, message })?;
-        let socket = socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        let config = NodeConfig::load(&path, was_named).map_err(|e| HookError {
+            stage,
+            message: e.to_string(),
+        })?;
+        let cdi = config.service.cdi();
+        let socket = config.service.socket;
         let exe = std::env::current_exe()
             .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/gpuplex-hook"));
         let mut args = vec!["gpuplex-hook".to_string()];
@@ -311,22 +314,11 @@ fn edit_with_cdi(
     vgpu: &VgpuReply,
 ) -> Result<Vec<u8>, String> {
     let mut edited = config.clone();
-    if let Some(edits) = cdi_edits(vgpu)? {
-        cdi::apply(&mut edited, &edits).map_err(|e| format!("CDI spec: {e}"))?;
+    if let Some(edits) = &vgpu.cdi {
+        cdi::apply(&mut edited, edits).map_err(|e| format!("CDI spec: {e}"))?;
     }
     spec::edit(&mut edited, injection).map_err(|e| e.to_string())?;
     serde_json::to_vec(&edited).map_err(|e| e.to_string())
-}
-
-/// The CDI edits the node service sent with a vGPU, if any.
-fn cdi_edits(vgpu: &VgpuReply) -> Result<Option<CdiEdits>, String> {
-    let Some(edits) = &vgpu.cdi else {
-        return Ok(None);
-    };
-    let edits = CdiEdits::deserialize(edits).map_err(|e| {
-        format!("the node service sent CDI edits this hook cannot read ({e}); is it of another gpuplex version?")
-    })?;
-    Ok(Some(edits))
 }
 
 /// The edit of a vGPU: its GPUs' device nodes (as the node service names them) and the
@@ -451,13 +443,12 @@ fn register(
         .and_then(|h| h.parse::<Handle>().ok());
     // The runc/crun path makes device nodes inside a container that exists already; a CDI
     // spec's driver libraries, mounts and createContainer hooks cannot be added then.
-    let injected = match cdi_edits(&vgpu) {
-        Ok(None) => inject_registered(ctx, &vgpu, pid, bundle),
-        Ok(Some(edits)) => Err(format!(
+    let injected = match &vgpu.cdi {
+        None => inject_registered(ctx, &vgpu, pid, bundle),
+        Some(edits) => Err(format!(
             "this host's GPUs have a CDI spec ({}) whose driver libraries and hooks cannot be added to a container runc has already made; run it with podman (config/hooks.d) or containerd (runtime io.containerd.gpuplex.v1), which apply it",
             edits.spec_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
         )),
-        Err(e) => Err(e),
     };
     if let Err(message) = injected {
         if let Some(handle) = ours {

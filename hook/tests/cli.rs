@@ -122,7 +122,19 @@ fn bad_input_fails_in_one_line() {
     one_line_error(
         &out,
         "poststop",
-        "config file /nonexistent/gpuplex.toml: cannot read it",
+        "cannot read the configuration /nonexistent/gpuplex.toml: ",
+    );
+    // A configuration the node service refuses, the hook refuses too, saying why as it does.
+    let refused = dir.path().join("refused.toml");
+    std::fs::write(&refused, "[scheduler]\nslice = \"0ms\"\n").unwrap();
+    let out = hook(
+        &["--config", refused.to_str().unwrap(), "poststop"],
+        state(bundle).as_bytes(),
+    );
+    one_line_error(
+        &out,
+        "poststop",
+        &format!("{}: scheduler.slice = ", refused.display()),
     );
 }
 

@@ -33,6 +33,9 @@
 //! node (see [`crate::windows::WindowScheduler::hold`]). Both are idempotent; the container must
 //! be attached.
 //!
+//! Clients write their requests with [`Request::to_line`], the same type this module reads, so
+//! the two ends cannot disagree on a field; [`parse_request`] reads back every line it writes.
+//!
 //! A reply is `{"ok":true,...}` with `vgpu` (reserve, attach, register, hold, unhold; release:
 //! the released one, absent when there was none) or `status`, or
 //! `{"ok":false,"error":"<one line>"}`. A line
@@ -50,12 +53,25 @@ use crate::request::Priority;
 use crate::windows::StopSignal;
 use crate::{Handle, Instant, VgpuId};
 
+pub mod cdi;
+
+use cdi::CdiEdits;
+
 /// The longest request line accepted, in bytes (without its newline).
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
 pub const OPERATIONS: [&str; 8] = [
     "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "status",
+];
+
+/// The signals a `stopping` request names, and what each is to the scheduler; a request is
+/// written with the first name of its kind.
+pub const STOP_SIGNALS: [(&str, StopSignal); 4] = [
+    ("SIGTERM", StopSignal::Graceful),
+    ("SIGINT", StopSignal::Graceful),
+    ("SIGQUIT", StopSignal::Graceful),
+    ("SIGKILL", StopSignal::Kill),
 ];
 
 /// A request on the node socket.
@@ -102,6 +118,113 @@ pub enum Request {
     },
     /// The node's status.
     Status,
+}
+
+impl Request {
+    /// The request as one line of JSON, newline included: what a client sends, and what
+    /// [`parse_request`] reads back (without the newline) as this same request.
+    pub fn to_line(&self) -> String {
+        let mut line = serde_json::to_string(self).expect("a request always serializes");
+        line.push('\n');
+        line
+    }
+
+    /// The request as its line's fields.
+    fn wire(&self) -> WireRequest<'_> {
+        match self {
+            Request::Reserve { annotations } => WireRequest {
+                annotations: Some(annotations),
+                ..WireRequest::op("reserve")
+            },
+            Request::Attach {
+                handle,
+                attachment,
+                unstarted,
+            } => WireRequest {
+                handle: Some(handle.to_string()),
+                unstarted: *unstarted,
+                ..WireRequest::op("attach").attached(attachment)
+            },
+            Request::Register {
+                annotations,
+                attachment,
+                unstarted,
+            } => WireRequest {
+                annotations: Some(annotations),
+                unstarted: *unstarted,
+                ..WireRequest::op("register").attached(attachment)
+            },
+            Request::Release(key) => WireRequest::op("release").keyed(key),
+            Request::Hold { key, held } => {
+                WireRequest::op(if *held { "hold" } else { "unhold" }).keyed(key)
+            }
+            Request::Stopping { key, signal } => WireRequest {
+                signal: STOP_SIGNALS
+                    .iter()
+                    .find(|(_, s)| s == signal)
+                    .map(|(name, _)| *name),
+                ..WireRequest::op("stopping").keyed(key)
+            },
+            Request::Status => WireRequest::op("status"),
+        }
+    }
+}
+
+impl Serialize for Request {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.wire().serialize(serializer)
+    }
+}
+
+/// A request's line as written: `op` first, then the fields its operation takes.
+#[derive(Default, Serialize)]
+struct WireRequest<'a> {
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<&'a BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handle: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vgpu: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cgroup: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unstarted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signal: Option<&'static str>,
+}
+
+impl<'a> WireRequest<'a> {
+    fn op(op: &'static str) -> WireRequest<'a> {
+        WireRequest {
+            op,
+            ..WireRequest::default()
+        }
+    }
+
+    /// With the container and its pid or cgroup.
+    fn attached(mut self, attachment: &'a Attachment) -> WireRequest<'a> {
+        self.container = Some(&attachment.container);
+        match &attachment.target {
+            Target::Pid(pid) => self.pid = Some(*pid),
+            Target::Cgroup(path) => self.cgroup = Some(path),
+        }
+        self
+    }
+
+    /// With the vGPU, container or handle `key` names.
+    fn keyed(mut self, key: &'a ReleaseKey) -> WireRequest<'a> {
+        match key {
+            ReleaseKey::Vgpu(vgpu) => self.vgpu = Some(vgpu.to_string()),
+            ReleaseKey::Container(container) => self.container = Some(container),
+            ReleaseKey::Handle(handle) => self.handle = Some(handle.to_string()),
+        }
+        self
+    }
 }
 
 /// A request line that cannot be read. Every message is one line.
@@ -182,10 +305,10 @@ pub struct VgpuReply {
     pub weight: u32,
     /// Priority class.
     pub priority: Priority,
-    /// The edits of the GPUs' CDI spec for its GPUs (the hook's `CdiEdits`), in the replies to
-    /// `reserve` and `register` on a node that has a spec of its CDI kind; absent otherwise.
+    /// The edits of the GPUs' CDI spec for its GPUs, in the replies to `reserve` and
+    /// `register` on a node that has a spec of its CDI kind; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cdi: Option<Value>,
+    pub cdi: Option<CdiEdits>,
 }
 
 /// One GPU of a vGPU.
@@ -326,13 +449,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
 
 /// The `signal` of a `stopping` request.
 fn stop_signal(value: Option<Value>) -> Result<StopSignal, String> {
-    match value.as_ref().and_then(Value::as_str) {
-        Some("SIGTERM" | "SIGINT" | "SIGQUIT") => Ok(StopSignal::Graceful),
-        Some("SIGKILL") => Ok(StopSignal::Kill),
-        Some(other) => Err(format!(
+    let name = value.as_ref().and_then(Value::as_str);
+    let known = STOP_SIGNALS.iter().find(|(n, _)| Some(*n) == name);
+    match (known, name) {
+        (Some((_, signal)), _) => Ok(*signal),
+        (None, Some(other)) => Err(format!(
             "signal `{other}` is not a stop signal: expected SIGTERM, SIGINT, SIGQUIT or SIGKILL"
         )),
-        None => Err("missing field `signal` (SIGTERM, SIGINT, SIGQUIT or SIGKILL)".into()),
+        (None, None) => Err("missing field `signal` (SIGTERM, SIGINT, SIGQUIT or SIGKILL)".into()),
     }
 }
 

@@ -3,23 +3,22 @@
 //!
 //! The decisions live in `gpuplex-scheduler` (pure); this crate does the I/O around them:
 //!
-//! - [`config`]: `gpuplex.toml`, read and checked;
+//! - [`config`]: `gpuplex.toml`, read and checked (by `gpuplex-client`, which `gpuplexctl` and
+//!   the hook use too);
 //! - [`gpus`]: which GPUs this machine has (NVML through [`nvml`], or `[[fake_gpu]]` entries);
 //! - [`cgroup`]: finding a container's freezer cgroup, freezing, thawing, its processes and CPU time;
 //! - [`activity`]: which containers have GPU work now (`nvml`, `cpu`, `always`);
 //! - [`state`]: the registrations on disk, written atomically, read back after a restart;
 //! - [`service`]: the node service's loop, its socket and its signals;
 //! - [`metrics`]: the Prometheus endpoint;
-//! - [`client`] and [`ctl`]: `gpuplexctl`;
+//! - [`cdi`]: the GPUs' CDI specs, read and checked, and each reservation's edits chosen;
 //! - [`task`]: the containerd shim v2 (containerd's task API over runc).
 #![deny(missing_docs)]
 
-pub use gpuplex_hook::client;
-
 pub mod activity;
+pub mod cdi;
 pub mod cgroup;
 pub mod config;
-pub mod ctl;
 pub mod gpus;
 pub mod metrics;
 pub mod nvml;

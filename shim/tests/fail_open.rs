@@ -192,7 +192,7 @@ fn a_running_process_registered_by_pid_is_windowed_from_its_first_sample() {
         let mut cgroup = TestCgroup::new(V1, &format!("bypid-{weight}"));
         let pid = cgroup.spawn_busy();
         // gpuplexctl register --pid: the process has been running for a while.
-        let out = Command::new(env!("CARGO_BIN_EXE_gpuplexctl"))
+        let out = Command::new(gpuplex_integration::bin("gpuplexctl"))
             .args(["--socket"])
             .arg(&service.socket)
             .args(["register", "--id", &format!("bypid-{weight}"), "--pid"])

@@ -622,7 +622,7 @@ fn gpuplexctl_and_the_metrics_endpoint_show_the_real_service() {
     let mut a = TestCgroup::new(V1, "ctl-a");
     a.spawn_busy();
     let ctl = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gpuplexctl"))
+        std::process::Command::new(gpuplex_integration::bin("gpuplexctl"))
             .arg("--socket")
             .arg(&service.socket)
             .args(args)
@@ -805,7 +805,7 @@ fn a_held_container_is_never_thawed_and_rejoins_when_unheld() {
     let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
     assert_eq!(saved["held"], true, "{saved}");
     // gpuplexctl shows it.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuplexctl"))
+    let out = std::process::Command::new(gpuplex_integration::bin("gpuplexctl"))
         .arg("--socket")
         .arg(&service.socket)
         .arg("status")

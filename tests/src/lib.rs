@@ -51,10 +51,10 @@ pub fn bin(name: &str) -> PathBuf {
     let built = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // The crates each binary is built from.
-    let crates: &[&str] = if name == "gpuplex-hook" {
-        &["scheduler", "hook"]
-    } else {
-        &["scheduler", "hook", "shim"]
+    let crates: &[&str] = match name {
+        "gpuplex-hook" => &["scheduler", "client", "hook"],
+        "gpuplexctl" => &["scheduler", "client", "ctl"],
+        _ => &["scheduler", "client", "hook", "shim"],
     };
     for krate in crates {
         if let Some(newer) = newer_than(&root.join(krate).join("src"), built) {

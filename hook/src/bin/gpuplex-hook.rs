@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use caps::{CapSet, Capability, CapsHashSet};
+use gpuplex_client::config::{config_path, CONFIG_ENV};
 use gpuplex_hook::stages::{self, HookContext};
 
 const USAGE: &str = "\
@@ -108,8 +109,8 @@ fn main() -> ExitCode {
         eprintln!("gpuplex-hook {stage}: cannot drop capabilities: {e}");
         return ExitCode::from(1);
     }
-    let env = std::env::var_os(gpuplex_hook::client::CONFIG_ENV);
-    let (config, named) = gpuplex_hook::client::config_path(config.as_deref(), env.as_deref());
+    let env = std::env::var_os(CONFIG_ENV);
+    let (config, named) = config_path(config.as_deref(), env.as_deref());
     let config = named.then_some(config);
     let mut input = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut input) {

@@ -5,10 +5,11 @@
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
+use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
 use gpuplex_scheduler::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
 
-use super::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount, HOOK_NAMES};
+use super::HOOK_NAMES;
 use crate::spec::json::{
     all_objects, all_strings, array, object, push_new, replace_or_push, write_devices,
 };

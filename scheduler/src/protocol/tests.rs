@@ -119,8 +119,144 @@ fn every_request_form_reads() {
         (r#" {"op":"status"} "#, Request::Status),
     ];
     for (line, expected) in cases {
-        assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
+        assert_eq!(
+            parse_request(line.as_bytes()),
+            Ok(expected.clone()),
+            "{line}"
+        );
+        // What a client writes for it reads back as it.
+        let written = expected.to_line();
+        assert_eq!(
+            parse_request(written.trim_end().as_bytes()),
+            Ok(expected),
+            "{written}"
+        );
     }
+}
+
+#[test]
+fn each_request_is_written_as_the_protocol_says() {
+    let by_pid = Attachment {
+        container: "c1".into(),
+        target: Target::Pid(42),
+    };
+    let cases: Vec<(Request, &str)> = vec![
+        (
+            Request::Reserve {
+                annotations: annotations(&[("gpuplex.io/gpu-memory", "8Gi")]),
+            },
+            r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}"#,
+        ),
+        (
+            Request::Attach {
+                handle: fresh(),
+                attachment: by_pid.clone(),
+                unstarted: true,
+            },
+            r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42,"unstarted":true}"#,
+        ),
+        (
+            Request::Register {
+                annotations: BTreeMap::new(),
+                attachment: Attachment {
+                    container: "job".into(),
+                    target: Target::Cgroup("/sys/fs/cgroup/job".into()),
+                },
+                unstarted: false,
+            },
+            r#"{"op":"register","annotations":{},"container":"job","cgroup":"/sys/fs/cgroup/job"}"#,
+        ),
+        (
+            Request::Release(ReleaseKey::Vgpu(VgpuId(3))),
+            r#"{"op":"release","vgpu":"vgpu-3"}"#,
+        ),
+        // A container whose id reads like a vGPU id is still a container.
+        (
+            Request::Release(ReleaseKey::Container("vgpu-3".into())),
+            r#"{"op":"release","container":"vgpu-3"}"#,
+        ),
+        (
+            Request::Release(ReleaseKey::Handle(fresh())),
+            r#"{"op":"release","handle":"0123456789abcdef0123456789abcdef"}"#,
+        ),
+        (
+            Request::Hold {
+                key: ReleaseKey::Container("c1".into()),
+                held: true,
+            },
+            r#"{"op":"hold","container":"c1"}"#,
+        ),
+        (
+            Request::Hold {
+                key: ReleaseKey::Vgpu(VgpuId(2)),
+                held: false,
+            },
+            r#"{"op":"unhold","vgpu":"vgpu-2"}"#,
+        ),
+        (
+            Request::Stopping {
+                key: ReleaseKey::Container("c1".into()),
+                signal: StopSignal::Graceful,
+            },
+            r#"{"op":"stopping","container":"c1","signal":"SIGTERM"}"#,
+        ),
+        (
+            Request::Stopping {
+                key: ReleaseKey::Container("c1".into()),
+                signal: StopSignal::Kill,
+            },
+            r#"{"op":"stopping","container":"c1","signal":"SIGKILL"}"#,
+        ),
+        (Request::Status, r#"{"op":"status"}"#),
+    ];
+    for (request, line) in cases {
+        assert_eq!(request.to_line(), format!("{line}\n"));
+    }
+}
+
+/// Any request of any kind, as a client may build it.
+fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
+    use proptest::prelude::*;
+    let text = || "\\PC{0,12}";
+    let annotations = || proptest::collection::btree_map(text(), text(), 0..4);
+    let handle = || any::<[u8; 16]>().prop_map(Handle::from_bytes);
+    let target = prop_oneof![
+        (1u32..).prop_map(Target::Pid),
+        "/\\PC{0,20}".prop_map(Target::Cgroup),
+    ];
+    let attachment =
+        (text(), target).prop_map(|(container, target)| Attachment { container, target });
+    let key = || {
+        prop_oneof![
+            any::<u64>().prop_map(|n| ReleaseKey::Vgpu(VgpuId(n))),
+            text().prop_map(ReleaseKey::Container),
+            handle().prop_map(ReleaseKey::Handle),
+        ]
+    };
+    let signal = prop_oneof![Just(StopSignal::Graceful), Just(StopSignal::Kill)];
+    prop_oneof![
+        annotations().prop_map(|annotations| Request::Reserve { annotations }),
+        (handle(), attachment.clone(), any::<bool>()).prop_map(
+            |(handle, attachment, unstarted)| {
+                Request::Attach {
+                    handle,
+                    attachment,
+                    unstarted,
+                }
+            }
+        ),
+        (annotations(), attachment, any::<bool>()).prop_map(
+            |(annotations, attachment, unstarted)| Request::Register {
+                annotations,
+                attachment,
+                unstarted,
+            }
+        ),
+        key().prop_map(Request::Release),
+        (key(), any::<bool>()).prop_map(|(key, held)| Request::Hold { key, held }),
+        (key(), signal).prop_map(|(key, signal)| Request::Stopping { key, signal }),
+        Just(Request::Status),
+    ]
 }
 
 #[test]
@@ -387,6 +523,14 @@ fn a_session_of_requests_against_a_node() {
 }
 
 proptest::proptest! {
+    /// Every request a client writes is one line, and the service reads it as that request.
+    #[test]
+    fn every_request_written_reads_back(request in any_request()) {
+        let line = request.to_line();
+        proptest::prop_assert_eq!(line.find('\n'), Some(line.len() - 1));
+        proptest::prop_assert_eq!(parse_request(line.trim_end_matches('\n').as_bytes()), Ok(request));
+    }
+
     /// Whatever arrives on the socket, reading it never panics and an error is one line; and a
     /// node handling whatever parses never panics either.
     #[test]

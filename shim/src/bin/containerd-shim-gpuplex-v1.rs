@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpuplex_shim::config::{config_path, NodeConfig, PATH_ENV};
+use gpuplex_shim::config::{config_path, NodeConfig, CONFIG_ENV};
 
 const USAGE: &str = "\
 usage: containerd-shim-gpuplex-v1 serve [--config PATH]
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let env = std::env::var_os(PATH_ENV);
+    let env = std::env::var_os(CONFIG_ENV);
     let (path, named) = config_path(flag.as_deref(), env.as_deref());
     let config = match NodeConfig::load(&path, named) {
         Ok(c) => c,

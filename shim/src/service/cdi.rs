@@ -10,8 +10,9 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use gpuplex_hook::cdi::CdiRegistry;
-use serde_json::Value;
+use gpuplex_scheduler::protocol::cdi::CdiEdits;
+
+use crate::cdi::CdiRegistry;
 
 /// A spec file's identity: its path, inode, size and modification time.
 type Seen = (PathBuf, u64, u64, i64, i64);
@@ -60,18 +61,18 @@ impl CdiSpecs {
         }
     }
 
-    /// The edits for the GPUs `(index, uuid)` of a new vGPU, as the hook reads them; `None`
-    /// when there is no spec of the kind. Reads changed specs first.
-    pub fn edits_for(&mut self, gpus: &[(u32, &str)]) -> Result<Option<Value>, String> {
+    /// The edits for the GPUs `(index, uuid)` of a new vGPU, for its reply; `None` when there
+    /// is no spec of the kind. Reads changed specs first.
+    pub fn edits_for(&mut self, gpus: &[(u32, &str)]) -> Result<Option<CdiEdits>, String> {
         self.refresh();
         let registry = self.read.as_ref().map_err(Clone::clone)?;
         if registry.is_empty() {
             return Ok(None);
         }
-        let edits = registry.edits_for(gpus).map_err(|e| e.to_string())?;
-        serde_json::to_value(&edits)
+        registry
+            .edits_for(gpus)
             .map(Some)
-            .map_err(|e| format!("cannot write the CDI edits: {e}"))
+            .map_err(|e| e.to_string())
     }
 
     /// Every file directly in the spec directories, as it is now.
@@ -149,10 +150,7 @@ mod tests {
 
         std::fs::write(dir.path().join("nvidia.yaml"), spec("GPU-aa00")).unwrap();
         let edits = specs.edits_for(&[(0, "GPU-aa00")]).unwrap().unwrap();
-        assert_eq!(
-            edits["env"],
-            serde_json::json!(["SPEC=wide", "GPU=GPU-aa00"])
-        );
+        assert_eq!(edits.env, ["SPEC=wide", "GPU=GPU-aa00"]);
         assert!(
             specs.state().starts_with("nvidia.com/gpu from "),
             "{}",

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
+use gpuplex_scheduler::protocol::cdi::CdiEdits;
 use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::{Handle, VgpuId};
 
@@ -90,7 +91,7 @@ impl Service {
 
     /// The CDI edits for a new vGPU's GPUs; when there are none to be had (a broken spec, one
     /// that disagrees with the GPUs), the vGPU is released and the refusal says why.
-    fn cdi_edits(&mut self, vgpu: VgpuId) -> Result<Option<serde_json::Value>, String> {
+    fn cdi_edits(&mut self, vgpu: VgpuId) -> Result<Option<CdiEdits>, String> {
         let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
         let gpus: Vec<(u32, &str)> = assigned
             .into_iter()
@@ -436,7 +437,7 @@ fn saved_vgpu(
 }
 
 /// The reply to the request that made a vGPU: with its handle and its CDI edits.
-fn new_vgpu(mut reply: Reply, handle: Handle, cdi: Option<serde_json::Value>) -> Reply {
+fn new_vgpu(mut reply: Reply, handle: Handle, cdi: Option<CdiEdits>) -> Reply {
     if let Some(vgpu) = &mut reply.vgpu {
         vgpu.handle = Some(handle.to_string());
         vgpu.cdi = cdi;

@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuplex_hook::client::{config_path, NodeClient, CONFIG_ENV};
+use gpuplex_client::config::{config_path, CONFIG_ENV};
+use gpuplex_client::NodeClient;
 use gpuplex_hook::identity::{self, Identity};
 use gpuplex_hook::stages::{self, HookContext, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::{Handle, VgpuId};
 use serde_json::Value;
 
@@ -128,11 +130,9 @@ impl NodeLink {
     /// signal (SIGTERM, SIGINT, SIGQUIT, SIGKILL); best effort: the service also sees a stop
     /// signal pending in a container it froze.
     pub fn stopping(&self, id: &str, signal: u32) {
-        let name = match signal as i32 {
-            libc::SIGTERM => "SIGTERM",
-            libc::SIGINT => "SIGINT",
-            libc::SIGQUIT => "SIGQUIT",
-            libc::SIGKILL => "SIGKILL",
+        let signal = match signal as i32 {
+            libc::SIGTERM | libc::SIGINT | libc::SIGQUIT => StopSignal::Graceful,
+            libc::SIGKILL => StopSignal::Kill,
             _ => return,
         };
         let Ok(ctx) = self.ctx() else { return };
@@ -140,7 +140,7 @@ impl NodeLink {
             return;
         };
         let key = ReleaseKey::Container(id.to_owned());
-        if let Err(e) = client.stopping(&key, name) {
+        if let Err(e) = client.stopping(&key, signal) {
             log::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
         }
     }

@@ -9,12 +9,12 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
+use gpuplex_ctl::render_status;
 use gpuplex_scheduler::node::{
     ContainerState, ContainerStatus, GpuStatus, NodeStatus, ReservationStatus,
 };
 use gpuplex_scheduler::protocol::{parse_request, AssignedGpu, Reply, VgpuReply};
 use gpuplex_scheduler::request::Priority;
-use gpuplex_shim::ctl::render_status;
 use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;

@@ -1,8 +1,10 @@
 //! [`NodeClient`]: one connection to the node service's socket.
 //!
-//! A request is one JSON object on one line; the service answers each with one line (see
+//! A request is one JSON object on one line, the core's [`Request`] as the service reads it
+//! ([`Request::to_line`]); the service answers each with one line (see
 //! [`gpuplex_scheduler::protocol`]). The client is blocking, with a timeout on every read and
-//! write, so that a stuck service makes `gpuplexctl` fail with a message instead of hanging.
+//! write, so that a stuck service makes the hook or `gpuplexctl` fail with a message instead of
+//! hanging.
 //!
 //! [`NodeClient::request`] returns only replies with `"ok":true`: a refusal comes back as
 //! [`ClientError::Refused`] carrying the service's own line.
@@ -13,12 +15,12 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpuplex_scheduler::node::{NodeStatus, ReleaseKey, Target};
-use gpuplex_scheduler::protocol::{Reply, VgpuReply};
+use gpuplex_scheduler::node::{Attachment, NodeStatus, ReleaseKey, Target};
+use gpuplex_scheduler::protocol::{Reply, Request, VgpuReply};
+use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
-use serde_json::{json, Value};
 
-/// Where the node service listens unless told otherwise.
+/// Where the node service listens unless `service.socket` says otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/gpuplex/gpuplex.sock";
 
 /// How long one read or write on the socket may take.
@@ -41,6 +43,7 @@ pub enum ClientError {
         /// The socket.
         path: PathBuf,
         /// Why.
+        #[source]
         source: io::Error,
     },
     /// A read or write failed on an open connection.
@@ -52,6 +55,7 @@ pub enum ClientError {
         /// The socket.
         path: PathBuf,
         /// Why.
+        #[source]
         source: io::Error,
     },
     /// The service did not answer in time.
@@ -77,7 +81,7 @@ pub enum ClientError {
     },
     /// The reply was not a reply line.
     #[error(
-        "the gpuplex node service at {} sent a reply gpuplexctl cannot read ({message}); are gpuplexctl and the service the same version?",
+        "the gpuplex node service at {} sent a reply this program cannot read ({message}); are it and the service the same gpuplex version?",
         path.display()
     )]
     Malformed {
@@ -133,9 +137,8 @@ impl NodeClient {
 
     /// Sends one request and reads its reply. A reply with `"ok":false` is
     /// [`ClientError::Refused`].
-    pub fn request(&mut self, request: &Value) -> Result<Reply, ClientError> {
-        let mut line = request.to_string();
-        line.push('\n');
+    pub fn request(&mut self, request: &Request) -> Result<Reply, ClientError> {
+        let line = request.to_line();
         self.writer
             .write_all(line.as_bytes())
             .and_then(|()| self.writer.flush())
@@ -160,7 +163,7 @@ impl NodeClient {
 
     /// The node's status.
     pub fn status(&mut self) -> Result<NodeStatus, ClientError> {
-        let reply = self.request(&json!({ "op": "status" }))?;
+        let reply = self.request(&Request::Status)?;
         reply.status.ok_or_else(|| self.missing("status"))
     }
 
@@ -169,7 +172,9 @@ impl NodeClient {
         &mut self,
         annotations: &BTreeMap<String, String>,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&json!({"op": "reserve", "annotations": annotations}))?;
+        let reply = self.request(&Request::Reserve {
+            annotations: annotations.clone(),
+        })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
     }
 
@@ -183,9 +188,14 @@ impl NodeClient {
         pid: u32,
         unstarted: bool,
     ) -> Result<VgpuReply, ClientError> {
-        let request = json!({"op": "attach", "handle": handle.to_string(), "container": id,
-                             "pid": pid, "unstarted": unstarted});
-        let reply = self.request(&request)?;
+        let reply = self.request(&Request::Attach {
+            handle: *handle,
+            attachment: Attachment {
+                container: id.to_owned(),
+                target: Target::Pid(pid),
+            },
+            unstarted,
+        })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
     }
 
@@ -198,32 +208,44 @@ impl NodeClient {
         annotations: &BTreeMap<String, String>,
         unstarted: bool,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&register_request(id, target, annotations, unstarted))?;
+        let reply = self.request(&Request::Register {
+            annotations: annotations.clone(),
+            attachment: Attachment {
+                container: id.to_owned(),
+                target: target.clone(),
+            },
+            unstarted,
+        })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
     }
 
     /// Releases the vGPU `key` names. `None` when there is none.
     pub fn release(&mut self, key: &ReleaseKey) -> Result<Option<VgpuReply>, ClientError> {
-        Ok(self.request(&release_request(key))?.vgpu)
+        Ok(self.request(&Request::Release(key.clone()))?.vgpu)
     }
 
     /// Holds a container its user paused (`held`), or lets it go once its user resumed it
     /// (`unhold`): while held, the node service neither freezes nor thaws it. An unknown
     /// container is [`ClientError::Refused`].
     pub fn hold(&mut self, key: &ReleaseKey, held: bool) -> Result<Option<VgpuReply>, ClientError> {
-        Ok(self.request(&hold_request(key, held))?.vgpu)
+        let request = Request::Hold {
+            key: key.clone(),
+            held,
+        };
+        Ok(self.request(&request)?.vgpu)
     }
 
-    /// Says that the container of `key` is being sent `signal` (`SIGTERM`, `SIGINT`, `SIGQUIT`
-    /// or `SIGKILL`): the service thaws it and keeps it out of windows while it stops.
+    /// Says that the container of `key` is being sent a stop `signal`: the service thaws it
+    /// and keeps it out of windows while it stops.
     pub fn stopping(
         &mut self,
         key: &ReleaseKey,
-        signal: &str,
+        signal: StopSignal,
     ) -> Result<Option<VgpuReply>, ClientError> {
-        let mut request = release_request(key);
-        request["op"] = json!("stopping");
-        request["signal"] = json!(signal);
+        let request = Request::Stopping {
+            key: key.clone(),
+            signal,
+        };
         Ok(self.request(&request)?.vgpu)
     }
 
@@ -276,97 +298,10 @@ impl NodeClient {
     }
 }
 
-/// The request line [`NodeClient::register`] sends, as JSON.
-pub fn register_request(
-    id: &str,
-    target: &Target,
-    annotations: &BTreeMap<String, String>,
-    unstarted: bool,
-) -> Value {
-    let mut request = json!({ "op": "register", "annotations": annotations, "container": id });
-    match target {
-        Target::Pid(pid) => request["pid"] = json!(pid),
-        Target::Cgroup(path) => request["cgroup"] = json!(path),
-    }
-    if unstarted {
-        request["unstarted"] = json!(true);
-    }
-    request
-}
-
-/// The request line [`NodeClient::release`] sends, as JSON.
-pub fn release_request(key: &ReleaseKey) -> Value {
-    match key {
-        ReleaseKey::Vgpu(v) => json!({ "op": "release", "vgpu": v.to_string() }),
-        ReleaseKey::Container(c) => json!({ "op": "release", "container": c }),
-        ReleaseKey::Handle(h) => json!({ "op": "release", "handle": h.to_string() }),
-    }
-}
-
-/// The request line [`NodeClient::hold`] sends, as JSON: `hold` or `unhold`.
-pub fn hold_request(key: &ReleaseKey, held: bool) -> Value {
-    let mut request = release_request(key);
-    request["op"] = json!(if held { "hold" } else { "unhold" });
-    request
-}
-
-/// The default configuration file, where `service.socket` is looked up.
-pub const DEFAULT_CONFIG: &str = "/etc/gpuplex/gpuplex.toml";
-/// The environment variable that names another configuration file.
-pub const CONFIG_ENV: &str = "GPUPLEX_CONFIG";
-
-/// The configuration file to read: `flag` (`--config`), else `env` (`$GPUPLEX_CONFIG`, when not
-/// empty), else [`DEFAULT_CONFIG`]. The second value says whether it was named: a named file must
-/// exist, the default one may be absent.
-pub fn config_path(flag: Option<&Path>, env: Option<&std::ffi::OsStr>) -> (PathBuf, bool) {
-    match (flag, env.filter(|e| !e.is_empty())) {
-        (Some(p), _) => (p.to_path_buf(), true),
-        (None, Some(e)) => (PathBuf::from(e), true),
-        (None, None) => (PathBuf::from(DEFAULT_CONFIG), false),
-    }
-}
-
-/// `service.socket` from the gpuplex configuration at `path`, if it sets one (the rest of the
-/// file is the node service's to check). An absent file is an error only when it was `named`.
-/// The error is one line naming the file.
-pub fn socket_from_config(path: &Path, named: bool) -> Result<Option<PathBuf>, String> {
-    hook_config(path, named).map(|(socket, _)| socket)
-}
-
-/// What the hook and the shim read of gpuplex's configuration at `path`: `service.socket` if it
-/// is set, and the CDI settings ([`crate::cdi::CdiSettings`]). An absent file is an error only
-/// when it was `named`. The error is one line naming the file.
-pub fn hook_config(
-    path: &Path,
-    named: bool,
-) -> Result<(Option<PathBuf>, crate::cdi::CdiSettings), String> {
-    let bad = |what: String| format!("config file {}: {what}", path.display());
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => {
-            return Ok((None, crate::cdi::CdiSettings::default()))
-        }
-        Err(e) => return Err(bad(format!("cannot read it: {e}"))),
-    };
-    let value: toml::Value = toml::from_str(&text)
-        .map_err(|e| bad(format!("not TOML: {}", e.message().replace('\n', " "))))?;
-    let cdi = crate::cdi::CdiSettings::from_service_table(value.get("service")).map_err(bad)?;
-    let socket = match value.get("service").and_then(|s| s.get("socket")) {
-        None => None,
-        Some(toml::Value::String(s)) if !s.is_empty() => Some(PathBuf::from(s)),
-        Some(other) => {
-            return Err(bad(format!(
-                "service.socket is {}, expected a non-empty path string",
-                gpuplex_scheduler::quantity::shown(&other.to_string())
-            )))
-        }
-    };
-    Ok((socket, cdi))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuplex_scheduler::protocol::parse_request;
     use std::os::unix::net::UnixListener;
     use std::thread;
 
@@ -447,41 +382,73 @@ mod tests {
     }
 
     #[test]
-    fn request_lines() {
+    fn each_method_sends_the_request_the_service_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let received = thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            let mut requests = Vec::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 {
+                requests.push(parse_request(line.trim_end().as_bytes()).unwrap());
+                line.clear();
+                writer
+                    .write_all(b"{\"ok\":false,\"error\":\"no\"}\n")
+                    .unwrap();
+            }
+            requests
+        });
         let annotations = BTreeMap::from([("gpuplex.io/gpus".to_string(), "1".to_string())]);
-        let cgroup = Target::Cgroup("/sys/fs/cgroup/x".into());
-        assert_eq!(
-            register_request("c1", &cgroup, &annotations, false),
-            json!({"op": "register", "annotations": {"gpuplex.io/gpus": "1"},
-                   "container": "c1", "cgroup": "/sys/fs/cgroup/x"})
-        );
-        let by_pid = register_request("c1", &Target::Pid(42), &annotations, true);
-        assert_eq!(
-            (&by_pid["pid"], &by_pid["unstarted"]),
-            (&json!(42), &json!(true))
-        );
-        assert_eq!(
-            release_request(&ReleaseKey::Vgpu(gpuplex_scheduler::VgpuId(3))),
-            json!({"op": "release", "vgpu": "vgpu-3"})
-        );
-        // A container whose id reads like a vGPU id is still a container.
-        assert_eq!(
-            release_request(&ReleaseKey::Container("vgpu-3".into())),
-            json!({"op": "release", "container": "vgpu-3"})
-        );
         let handle = Handle::from_bytes([7; 16]);
-        assert_eq!(
-            release_request(&ReleaseKey::Handle(handle)),
-            json!({"op": "release", "handle": handle.to_string()})
-        );
-        assert_eq!(
-            hold_request(&ReleaseKey::Vgpu(gpuplex_scheduler::VgpuId(3)), true),
-            json!({"op": "hold", "vgpu": "vgpu-3"})
-        );
-        assert_eq!(
-            hold_request(&ReleaseKey::Container("c1".into()), false),
-            json!({"op": "unhold", "container": "c1"})
-        );
+        let attachment = |target| Attachment {
+            container: "c1".into(),
+            target,
+        };
+        let cgroup = Target::Cgroup("/sys/fs/cgroup/x".into());
+        let vgpu = ReleaseKey::Vgpu(gpuplex_scheduler::VgpuId(3));
+        let mut client = NodeClient::connect(&path).unwrap();
+        assert!(client.status().is_err());
+        assert!(client.reserve(&annotations).is_err());
+        assert!(client.attach(&handle, "c1", 42, true).is_err());
+        assert!(client.register("c1", &cgroup, &annotations, false).is_err());
+        assert!(client.release(&vgpu).is_err());
+        assert!(client.hold(&vgpu, true).is_err());
+        assert!(client.hold(&vgpu, false).is_err());
+        assert!(client.stopping(&vgpu, StopSignal::Kill).is_err());
+        drop(client);
+        let expected = vec![
+            Request::Status,
+            Request::Reserve {
+                annotations: annotations.clone(),
+            },
+            Request::Attach {
+                handle,
+                attachment: attachment(Target::Pid(42)),
+                unstarted: true,
+            },
+            Request::Register {
+                annotations,
+                attachment: attachment(cgroup),
+                unstarted: false,
+            },
+            Request::Release(vgpu.clone()),
+            Request::Hold {
+                key: vgpu.clone(),
+                held: true,
+            },
+            Request::Hold {
+                key: vgpu.clone(),
+                held: false,
+            },
+            Request::Stopping {
+                key: vgpu,
+                signal: StopSignal::Kill,
+            },
+        ];
+        assert_eq!(received.join().unwrap(), expected);
     }
 
     #[test]

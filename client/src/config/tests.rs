@@ -96,9 +96,20 @@ fn bad_input_is_one_line_naming_the_key() {
             "[[fake_gpu]]\nuuid = \"GPU-0\"\nmodel = \"m\"\nmemory = \"1Gi\"\ndevice = \"dev/a\"\n",
             "an absolute path",
         ),
+        (
+            "[service]\ncdi_kind = \"gpu\"\n",
+            "service.cdi_kind = \"gpu\" is not accepted: a CDI kind like \"nvidia.com/gpu\"",
+        ),
+        (
+            "[service]\ncdi_spec_dirs = [\"/etc/cdi\", \"\"]\n",
+            "service.cdi_spec_dirs = [\"\"] is not accepted: a list of directories",
+        ),
+        ("[service]\ncdi_spec_dirs = \"/etc/cdi\"\n", "line 2 (service.cdi_spec_dirs)"),
+        ("[service]\nsocket = 3\n", "line 2 (service.socket)"),
+        ("[service\n", "line 1"),
     ];
     for (text, expected) in cases {
-        let err = NodeConfig::parse(text).unwrap_err();
+        let err = NodeConfig::parse(text).unwrap_err().to_string();
         assert!(err.contains(expected), "{text:?}: {err}");
         assert!(!err.contains('\n'), "{text:?}: {err}");
     }
@@ -137,7 +148,43 @@ fn the_flag_beats_the_environment_which_beats_the_default() {
     );
     assert_eq!(
         config_path(None, Some(OsStr::new(""))),
-        (DEFAULT_PATH.into(), false)
+        (DEFAULT_CONFIG.into(), false)
     );
-    assert_eq!(config_path(None, None), (DEFAULT_PATH.into(), false));
+    assert_eq!(config_path(None, None), (DEFAULT_CONFIG.into(), false));
+}
+
+#[test]
+fn the_cdi_settings_are_the_service_keys() {
+    let config = NodeConfig::parse(
+        "[service]\ncdi_spec_dirs = [\"/a\", \"/b\"]\ncdi_kind = \"example.com/gpu\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.service.cdi(),
+        CdiSettings {
+            spec_dirs: vec![PathBuf::from("/a"), PathBuf::from("/b")],
+            kind: "example.com/gpu".into(),
+        }
+    );
+    let default = CdiSettings::default();
+    assert_eq!(
+        default.spec_dirs,
+        [Path::new("/etc/cdi"), Path::new("/var/run/cdi")]
+    );
+    assert_eq!(default.kind, "nvidia.com/gpu");
+}
+
+#[test]
+fn an_error_keeps_its_cause() {
+    use std::error::Error;
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[service]\nsocket = \"x\"\n").unwrap();
+    let err = NodeConfig::load(&bad, true).unwrap_err();
+    let cause = err.source().unwrap().to_string();
+    assert_eq!(
+        cause,
+        "service.socket = \"x\" is not accepted: an absolute path"
+    );
+    assert_eq!(err.to_string(), format!("{}: {cause}", bad.display()));
 }

@@ -8,6 +8,10 @@
 //! Exit status: 0 done; 1 the service refused the request or could not be reached (one line on
 //! stderr, prefixed `gpuplexctl: `); 2 a usage error (one line ending in a pointer to
 //! `--help`). A closed standard output (`gpuplexctl status | head -1`) counts as done.
+//!
+//! It finds and talks to the service with `gpuplex-client` only: no NVML, no containerd, no
+//! runc in this binary.
+#![deny(missing_docs)]
 
 pub mod args;
 pub mod table;
@@ -20,14 +24,15 @@ use std::process::ExitCode;
 
 pub use table::render_status;
 
-use crate::client::{ClientError, NodeClient, DEFAULT_SOCKET};
 use args::{Cli, Command, Format};
+use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
+use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::VgpuId;
 
 /// The config file read for `service.socket` when neither `--config` nor `$GPUPLEX_CONFIG`
 /// names one. Unlike a named one, it may be absent.
-pub use crate::client::DEFAULT_CONFIG;
+pub use gpuplex_client::config::DEFAULT_CONFIG;
 
 /// Why `gpuplexctl` stops early. Every message is one line.
 #[derive(Debug, thiserror::Error)]
@@ -136,8 +141,8 @@ fn release_key(key: &str) -> ReleaseKey {
 }
 
 /// The node socket: `--socket`, else `$GPUPLEX_SOCKET`, else `service.socket` in the config
-/// file, else [`DEFAULT_SOCKET`]. The config file is `--config`, else `$GPUPLEX_CONFIG`, else
-/// [`DEFAULT_CONFIG`]; only the default may be absent.
+/// file (its default when the file does not set it). The config file is `--config`, else
+/// `$GPUPLEX_CONFIG`, else [`DEFAULT_CONFIG`]; only the default may be absent.
 pub fn resolve_socket(
     cli: &Cli,
     env: &dyn Fn(&str) -> Option<OsString>,
@@ -148,19 +153,20 @@ pub fn resolve_socket(
     if let Some(socket) = env("GPUPLEX_SOCKET").filter(|s| !s.is_empty()) {
         return Ok(PathBuf::from(socket));
     }
-    let env_config = env(crate::client::CONFIG_ENV);
-    let (config, named) = crate::client::config_path(cli.config.as_deref(), env_config.as_deref());
-    Ok(socket_from_config(&config, named)?.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)))
+    let env_config = env(CONFIG_ENV);
+    let (config, named) = config_path(cli.config.as_deref(), env_config.as_deref());
+    socket_from_config(&config, named)
 }
 
-/// `service.socket` from the config file at `path`, if it sets one. An absent file is an error
-/// only when it was `named`.
-pub fn socket_from_config(path: &Path, named: bool) -> Result<Option<PathBuf>, CtlError> {
-    crate::client::socket_from_config(path, named).map_err(|e| {
-        CtlError::Usage(format!(
+/// `service.socket` of the config file at `path` (read and checked as the node service reads
+/// it). An absent file is an error only when it was `named`.
+pub fn socket_from_config(path: &Path, named: bool) -> Result<PathBuf, CtlError> {
+    match NodeConfig::load(path, named) {
+        Ok(config) => Ok(config.service.socket),
+        Err(e) => Err(CtlError::Usage(format!(
             "{e}; fix it, or name the socket with --socket PATH"
-        ))
-    })
+        ))),
+    }
 }
 
 /// Writes `text` to `out` and flushes it. `Ok(false)` when `out` is a closed pipe: the reader
@@ -221,24 +227,41 @@ mod tests {
         let flag = format!("--config {} status", config.display());
         assert_eq!(resolve(&flag, &no_env), Path::new("/from/config.sock"));
         std::fs::write(&config, "[scheduler]\n").unwrap();
-        assert_eq!(resolve(&flag, &no_env), Path::new(DEFAULT_SOCKET));
+        assert_eq!(
+            resolve(&flag, &no_env),
+            Path::new(gpuplex_client::DEFAULT_SOCKET)
+        );
     }
 
     #[test]
     fn config_trouble_is_a_usage_error() {
         let dir = tempfile::tempdir().unwrap();
         let absent = dir.path().join("absent.toml");
-        assert_eq!(socket_from_config(&absent, false).unwrap(), None);
+        assert_eq!(
+            socket_from_config(&absent, false).unwrap(),
+            Path::new(gpuplex_client::DEFAULT_SOCKET)
+        );
         let err = socket_from_config(&absent, true).unwrap_err();
         assert!(matches!(err, CtlError::Usage(_)));
-        assert!(err.to_string().contains("cannot read it"), "{err}");
+        assert!(
+            err.to_string().starts_with("cannot read the configuration"),
+            "{err}"
+        );
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, "[service\n").unwrap();
         let err = socket_from_config(&bad, false).unwrap_err().to_string();
-        assert!(err.contains("not TOML") && !err.contains('\n'), "{err}");
+        assert!(err.contains("line 1") && !err.contains('\n'), "{err}");
         std::fs::write(&bad, "[service]\nsocket = 3\n").unwrap();
         let err = socket_from_config(&bad, false).unwrap_err().to_string();
-        assert!(err.contains("service.socket is 3"), "{err}");
+        assert!(err.contains("line 2 (service.socket)"), "{err}");
+        assert!(
+            err.ends_with("fix it, or name the socket with --socket PATH"),
+            "{err}"
+        );
+        // What the node service refuses, gpuplexctl refuses too.
+        std::fs::write(&bad, "[scheduler]\nslice = \"0ms\"\n").unwrap();
+        let err = socket_from_config(&bad, false).unwrap_err().to_string();
+        assert!(err.contains("scheduler.slice"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `gpuplexctl`: look at and drive this node's gpuplex service (see `gpuplexctl --help`).
 
 fn main() -> std::process::ExitCode {
-    gpuplex_shim::ctl::main()
+    gpuplex_ctl::main()
 }
