@@ -351,7 +351,9 @@ impl Container {
         let (runc, id) = (Arc::clone(&self.runc), self.id.clone());
         Some(move || {
             if let Err(e) = runc.kill(&id, libc::SIGKILL as u32, true) {
-                log::warn!("{id}: its init exited; killing the rest of its processes failed: {e}");
+                tracing::warn!(
+                    "{id}: its init exited; killing the rest of its processes failed: {e}"
+                );
             }
         })
     }

@@ -54,7 +54,7 @@ pub fn serve(flags: &Flags) -> Result<(), String> {
             match signal {
                 SIGCHLD => reap(),
                 SIGTERM | SIGINT => {
-                    log::info!("stopping on signal {signal}");
+                    tracing::info!("stopping on signal {signal}");
                     exit.signal();
                 }
                 _ => {}

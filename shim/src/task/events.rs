@@ -104,13 +104,13 @@ impl EventSink {
                         Ok(()) => break,
                         Err(e) => match waits.next() {
                             Some(wait) => {
-                                log::warn!(
+                                tracing::warn!(
                                     "cannot publish {topic} ({e}); trying again in {wait:?}"
                                 );
                                 std::thread::sleep(*wait);
                             }
                             None => {
-                                log::error!("dropped {topic}: {e}");
+                                tracing::error!("dropped {topic}: {e}");
                                 break;
                             }
                         },

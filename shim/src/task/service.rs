@@ -110,7 +110,7 @@ impl TaskService {
     /// Matches every reaped child to its process and publishes its exit.
     fn watch_exits(&self) {
         let Ok(subscription) = monitor_subscribe(Topic::Pid) else {
-            log::error!("cannot watch for exits");
+            tracing::error!("cannot watch for exits");
             return;
         };
         let service = self.clone();
@@ -237,7 +237,7 @@ impl TaskService {
             });
             match watched {
                 Ok(watch) => container.oom = Some(watch),
-                Err(e) => log::warn!("cannot watch {cgroup:?} for OOM kills: {e}"),
+                Err(e) => tracing::warn!("cannot watch {cgroup:?} for OOM kills: {e}"),
             }
         }
         containers.insert(req.id.clone(), container);

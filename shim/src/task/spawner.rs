@@ -1,6 +1,7 @@
-//! How the shim runs runc: the shim reaps every child itself (it is a subreaper, and
-//! `containerd-shim`'s SIGCHLD thread calls `waitpid(-1)`), so a runc invocation cannot be
-//! waited for with `Child::wait`; its exit comes from the exit monitor instead.
+//! How the shim runs runc: the shim reaps every child itself (it is a subreaper, and the daemon's
+//! SIGCHLD thread, `daemon.rs`, calls `waitpid(-1)` and tells `containerd-shim`'s exit monitor),
+//! so a runc invocation cannot be waited for with `Child::wait`; its exit comes from the monitor
+//! instead.
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;

@@ -141,7 +141,7 @@ impl NodeLink {
         };
         let key = ReleaseKey::Container(id.to_owned());
         if let Err(e) = client.stopping(&key, signal) {
-            log::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
+            tracing::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
         }
     }
 
