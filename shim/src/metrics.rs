@@ -1,5 +1,6 @@
-//! The Prometheus endpoint: [`render`] writes a [`NodeStatus`] in the text exposition format
-//! (version 0.0.4), and [`serve`] answers `GET /metrics` with it.
+//! The Prometheus endpoint: [`render`] writes a [`NodeStatus`] in the OpenMetrics text format
+//! (prometheus-client's encoder, which Prometheus scrapes as it does its own text format), and
+//! [`serve`] answers `GET /metrics` with it.
 //!
 //! Labels follow dcgm-exporter, so dashboards can join the two: every series has `gpu` (the
 //! index), `UUID`, `modelName` and `Hostname`; container series add `container`, `pod` and
@@ -7,20 +8,28 @@
 //! its GPU time is split evenly between them (the status sums it over its GPUs), while its wait
 //! and frozen time, windows and weight are its own and repeat on each.
 //!
+//! Label values come from tenants (a pod's name, a container id); prometheus-client escapes
+//! them (backslash, double quote, newline), so a value can never end its label or its line
+//! (a test holds it to that).
+//!
 //! The server is deliberately small: one thread, one connection at a time, a short timeout on
 //! each, `Connection: close`. It is meant for a scraper on the node or the cluster network, off
 //! unless `metrics_listen` is set.
 
-use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use gpuplex_scheduler::node::{ContainerState, ContainerStatus, GpuStatus, NodeStatus};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 /// The content type of [`render`]'s output.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// How long one connection may take to send its request and receive the answer.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
@@ -28,146 +37,159 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest request head read, in bytes.
 const MAX_REQUEST: usize = 8 * 1024;
 
-/// A GPU metric: name, type, help, and its value for one GPU.
-type GpuMetric = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&GpuStatus) -> String,
-);
+/// A sample's value: a count or a quantity.
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Count(u64),
+    Quantity(f64),
+}
 
-/// A container metric: name, type, help, and its value for one container on the GPU at the
-/// given position in its `gpus`.
+/// What a metric is: a counter (its name gets `_total`) or a gauge.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl Kind {
+    fn encode(self, value: Value, encoder: MetricEncoder<'_>) -> std::fmt::Result {
+        match (self, value) {
+            (Kind::Counter, Value::Count(v)) => ConstCounter::new(v).encode(encoder),
+            (Kind::Counter, Value::Quantity(v)) => ConstCounter::new(v).encode(encoder),
+            (Kind::Gauge, Value::Count(v)) => ConstGauge::new(v).encode(encoder),
+            (Kind::Gauge, Value::Quantity(v)) => ConstGauge::new(v).encode(encoder),
+        }
+    }
+
+    fn metric_type(self) -> prometheus_client::metrics::MetricType {
+        match self {
+            Kind::Counter => ConstCounter::new(0u64).metric_type(),
+            Kind::Gauge => ConstGauge::new(0u64).metric_type(),
+        }
+    }
+}
+
+/// A GPU metric: name (a counter's without `_total`), kind, help, and its value for one GPU.
+type GpuMetric = (&'static str, Kind, &'static str, fn(&GpuStatus) -> Value);
+
+/// A container metric: the same, with its value for one container on the GPU at the given
+/// position in its `gpus`.
 type ContainerMetric = (
     &'static str,
+    Kind,
     &'static str,
-    &'static str,
-    fn(&ContainerStatus, usize) -> String,
+    fn(&ContainerStatus, usize) -> Value,
 );
+
+use Kind::{Counter, Gauge};
+use Value::{Count, Quantity};
 
 #[rustfmt::skip]
 const GPU_METRICS: [GpuMetric; 6] = [
-    ("gpuplex_gpu_busy_seconds_total", "counter",
-        "Seconds some container ran on the GPU with work.", |g| float(g.busy_seconds)),
-    ("gpuplex_gpu_window_switches_total", "counter",
-        "Windows passed on the GPU from one container to another.", |g| g.switches.to_string()),
-    ("gpuplex_gpu_memory_bytes", "gauge",
-        "The GPU's memory in bytes.", |g| g.memory.to_string()),
-    ("gpuplex_gpu_unreserved_memory_bytes", "gauge",
-        "GPU memory no container's entitlement holds, in bytes.", |g| g.unreserved.to_string()),
-    ("gpuplex_gpu_containers", "gauge",
-        "Containers bound to the GPU.", |g| g.containers.len().to_string()),
-    ("gpuplex_gpu_fake", "gauge",
+    ("gpuplex_gpu_busy_seconds", Counter,
+        "Seconds some container ran on the GPU with work.", |g| Quantity(g.busy_seconds)),
+    ("gpuplex_gpu_window_switches", Counter,
+        "Windows passed on the GPU from one container to another.", |g| Count(g.switches)),
+    ("gpuplex_gpu_memory_bytes", Gauge,
+        "The GPU's memory in bytes.", |g| Count(g.memory)),
+    ("gpuplex_gpu_unreserved_memory_bytes", Gauge,
+        "GPU memory no container's entitlement holds, in bytes.", |g| Count(g.unreserved)),
+    ("gpuplex_gpu_containers", Gauge,
+        "Containers bound to the GPU.", |g| Count(g.containers.len() as u64)),
+    ("gpuplex_gpu_fake", Gauge,
         "1 when the GPU is declared in [[fake_gpu]] rather than found by NVML.",
-        |g| u8::from(g.fake).to_string()),
+        |g| Count(u64::from(g.fake))),
 ];
 
 #[rustfmt::skip]
 const CONTAINER_METRICS: [ContainerMetric; 7] = [
-    ("gpuplex_container_gpu_seconds_total", "counter",
+    ("gpuplex_container_gpu_seconds", Counter,
         "Seconds the container ran on the GPU with its window.",
-        |c, _| float(c.gpu_seconds / c.gpus.len().max(1) as f64)),
-    ("gpuplex_container_wait_seconds_total", "counter",
+        |c, _| Quantity(c.gpu_seconds / c.gpus.len().max(1) as f64)),
+    ("gpuplex_container_wait_seconds", Counter,
         "Seconds the container waited for a window, the current wait included.",
-        |c, _| float(c.wait_seconds)),
-    ("gpuplex_container_frozen_seconds_total", "counter",
-        "Seconds the container's cgroup was frozen.", |c, _| float(c.frozen_seconds)),
-    ("gpuplex_container_windows_total", "counter",
-        "Windows the container received.", |c, _| c.windows.to_string()),
-    ("gpuplex_container_frozen", "gauge",
+        |c, _| Quantity(c.wait_seconds)),
+    ("gpuplex_container_frozen_seconds", Counter,
+        "Seconds the container's cgroup was frozen.", |c, _| Quantity(c.frozen_seconds)),
+    ("gpuplex_container_windows", Counter,
+        "Windows the container received.", |c, _| Count(c.windows)),
+    ("gpuplex_container_frozen", Gauge,
         "1 while the container is frozen, waiting for a window.",
-        |c, _| u8::from(c.state == ContainerState::Frozen).to_string()),
-    ("gpuplex_container_memory_bytes", "gauge",
+        |c, _| Count(u64::from(c.state == ContainerState::Frozen))),
+    ("gpuplex_container_memory_bytes", Gauge,
         "The container's memory entitlement on the GPU, in bytes.",
-        |c, pos| c.memory.get(pos).copied().unwrap_or(0).to_string()),
-    ("gpuplex_container_weight", "gauge",
-        "The container's share weight.", |c, _| c.weight.to_string()),
+        |c, pos| Count(c.memory.get(pos).copied().unwrap_or(0))),
+    ("gpuplex_container_weight", Gauge,
+        "The container's share weight.", |c, _| Count(u64::from(c.weight))),
 ];
 
-/// The status in the Prometheus text format, every metric with its `# HELP` and `# TYPE`.
+/// A label set: names and values.
+type Labels = Vec<(&'static str, String)>;
+
+/// One scrape's status, as prometheus-client collects it.
+#[derive(Debug)]
+struct Scrape(NodeStatus);
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let status = &self.0;
+        let host = &status.node;
+        let gpus: Vec<(&GpuStatus, Labels)> = status
+            .gpus
+            .iter()
+            .map(|g| (g, gpu_labels(g.index, &g.uuid, &g.model, host)))
+            .collect();
+        for (name, kind, help, value) in GPU_METRICS {
+            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
+            for (g, labels) in &gpus {
+                kind.encode(value(g), family.encode_family(labels)?)?;
+            }
+        }
+        // One series per container and GPU it is bound to.
+        let bound: Vec<(&ContainerStatus, usize, Labels)> = status
+            .containers
+            .iter()
+            .flat_map(|c| c.gpus.iter().enumerate().map(move |(pos, &i)| (c, pos, i)))
+            .map(|(c, pos, index)| {
+                let gpu = status.gpus.iter().find(|g| g.index == index);
+                let (uuid, model) = gpu.map_or(("", ""), |g| (g.uuid.as_str(), g.model.as_str()));
+                let mut labels = gpu_labels(index, uuid, model, host);
+                labels.extend([
+                    ("container", c.id.clone()),
+                    ("pod", c.pod.clone().unwrap_or_default()),
+                    ("namespace", c.namespace.clone().unwrap_or_default()),
+                ]);
+                (c, pos, labels)
+            })
+            .collect();
+        for (name, kind, help, value) in CONTAINER_METRICS {
+            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
+            for (c, pos, labels) in &bound {
+                kind.encode(value(c, *pos), family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The status in the OpenMetrics text format, every metric with its `# HELP` and `# TYPE`,
+/// ending with `# EOF`.
 pub fn render(status: &NodeStatus) -> String {
-    let host = &status.node;
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape(status.clone())));
     let mut out = String::new();
-    for (name, kind, help, value) in GPU_METRICS {
-        family(&mut out, name, kind, help);
-        for g in &status.gpus {
-            let labels = gpu_labels(g.index, &g.uuid, &g.model, host);
-            sample(&mut out, name, &labels, &value(g));
-        }
-    }
-    // One series per container and GPU it is bound to.
-    let bound: Vec<(&ContainerStatus, usize, String)> = status
-        .containers
-        .iter()
-        .flat_map(|c| {
-            c.gpus
-                .iter()
-                .enumerate()
-                .map(move |(pos, &index)| (c, pos, index))
-        })
-        .map(|(c, pos, index)| {
-            let gpu = status.gpus.iter().find(|g| g.index == index);
-            let (uuid, model) = gpu.map_or(("", ""), |g| (g.uuid.as_str(), g.model.as_str()));
-            let labels = format!(
-                "{},container=\"{}\",pod=\"{}\",namespace=\"{}\"",
-                gpu_labels(index, uuid, model, host),
-                escape(&c.id),
-                escape(c.pod.as_deref().unwrap_or("")),
-                escape(c.namespace.as_deref().unwrap_or(""))
-            );
-            (c, pos, labels)
-        })
-        .collect();
-    for (name, kind, help, value) in CONTAINER_METRICS {
-        family(&mut out, name, kind, help);
-        for (c, pos, labels) in &bound {
-            sample(&mut out, name, labels, &value(c, *pos));
-        }
-    }
+    // Writing to a String does not fail, and every value above is encodable.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
     out
 }
 
-fn gpu_labels(index: u32, uuid: &str, model: &str, host: &str) -> String {
-    format!(
-        "gpu=\"{index}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"",
-        escape(uuid),
-        escape(model),
-        escape(host)
-    )
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn sample(out: &mut String, name: &str, labels: &str, value: &str) {
-    let _ = writeln!(out, "{name}{{{labels}}} {value}");
-}
-
-/// A label value escaped for the text format: backslash, double quote and newline.
-pub fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A sample value: Prometheus spells the special values `NaN`, `+Inf` and `-Inf`.
-fn float(value: f64) -> String {
-    if value.is_nan() {
-        "NaN".into()
-    } else if value.is_infinite() {
-        if value > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else {
-        value.to_string()
-    }
+fn gpu_labels(index: u32, uuid: &str, model: &str, host: &str) -> Labels {
+    vec![
+        ("gpu", index.to_string()),
+        ("UUID", uuid.to_owned()),
+        ("modelName", model.to_owned()),
+        ("Hostname", host.to_owned()),
+    ]
 }
 
 /// Answers HTTP requests on `listener` on a thread of its own, for as long as the process
@@ -327,8 +349,9 @@ mod tests {
             assert_eq!(text.matches(&help).count(), 1, "{name}");
             assert_eq!(text.matches(&format!("# TYPE {name} ")).count(), 1);
         }
-        assert!(text.contains("# TYPE gpuplex_gpu_busy_seconds_total counter\n"));
+        assert!(text.contains("# TYPE gpuplex_gpu_busy_seconds counter\n"));
         assert!(text.contains("# TYPE gpuplex_container_frozen gauge\n"));
+        assert!(text.ends_with("# EOF\n"));
     }
 
     #[test]
@@ -367,9 +390,26 @@ mod tests {
     fn an_empty_node_has_only_headers() {
         let text = render(&NodeStatus::default());
         assert!(text.lines().all(|l| l.starts_with("# ")));
-        assert_eq!(float(f64::NAN), "NaN");
-        assert_eq!(float(f64::INFINITY), "+Inf");
-        assert_eq!(float(0.0), "0");
+    }
+
+    #[test]
+    fn a_label_value_cannot_end_its_label_or_its_line() {
+        let mut status = status();
+        status.containers[0].pod = Some("x\"} 1\ngpuplex_forged 1\n".into());
+        status.containers[0].id = "a\\\"b".into();
+        let text = render(&status);
+        assert!(
+            !text.lines().any(|l| l.starts_with("gpuplex_forged")),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            6 * 2 + 7 * 2
+        );
+        assert!(
+            text.contains(r#"container="a\\\"b",pod="x\"} 1\ngpuplex_forged 1\n""#),
+            "{text}"
+        );
     }
 
     fn get(addr: std::net::SocketAddr, request: &[u8]) -> String {

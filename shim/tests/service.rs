@@ -702,12 +702,13 @@ fn gpuplexctl_and_the_metrics_endpoint_show_the_real_service() {
     let mut body = String::new();
     http.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    // OpenMetrics: a counter family is named without `_total`, its samples with it.
     for metric in [
-        "gpuplex_gpu_busy_seconds_total",
-        "gpuplex_gpu_window_switches_total",
-        "gpuplex_container_gpu_seconds_total",
-        "gpuplex_container_wait_seconds_total",
-        "gpuplex_container_frozen_seconds_total",
+        "gpuplex_gpu_busy_seconds",
+        "gpuplex_gpu_window_switches",
+        "gpuplex_container_gpu_seconds",
+        "gpuplex_container_wait_seconds",
+        "gpuplex_container_frozen_seconds",
     ] {
         assert!(
             body.contains(&format!("# HELP {metric} ")),
@@ -717,7 +718,12 @@ fn gpuplexctl_and_the_metrics_endpoint_show_the_real_service() {
             body.contains(&format!("# TYPE {metric} counter")),
             "{metric}: {body}"
         );
+        assert!(
+            body.contains(&format!("\n{metric}_total{{")),
+            "{metric}: {body}"
+        );
     }
+    assert!(body.ends_with("# EOF\n"), "{body}");
     assert!(
         body.contains(r#"container="ctl-b""#) && body.contains(r#"Hostname="testnode""#),
         "{body}"
