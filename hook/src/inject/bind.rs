@@ -13,9 +13,9 @@
 //!
 //! Either way the mount is then remounted read-only (and nosuid, nodev, noexec).
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -23,6 +23,7 @@ use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
+use rustix::mount::{MoveMountFlags, OpenTreeFlags};
 
 use super::ns::{describe, in_mount_namespace, kind, lstat_at, HostRootfs, Rootfs};
 use super::InjectError;
@@ -226,31 +227,17 @@ fn attach(
 /// A detached copy of the mount of `file` (`open_tree(OPEN_TREE_CLONE)`), taken in the
 /// caller's namespace, that `move_mount` can attach in another one.
 fn clone_mount(file: &File) -> Result<OwnedFd, Errno> {
-    let empty = CString::default();
-    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as u32;
-    // SAFETY: open_tree reads a NUL-terminated path and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, file.as_raw_fd(), empty.as_ptr(), flags) };
-    let fd = Errno::result(fd)?;
-    // SAFETY: a successful open_tree returns an fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE
+        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+        | OpenTreeFlags::AT_EMPTY_PATH;
+    rustix::mount::open_tree(file, "", flags).map_err(|e| Errno::from_raw(e.raw_os_error()))
 }
 
 /// Attaches the detached mount `tree` onto the file `target` (both fds).
 fn move_mount(tree: &OwnedFd, target: &OwnedFd) -> Result<(), Errno> {
-    let empty = CString::default();
-    let flags = libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH;
-    // SAFETY: move_mount reads two NUL-terminated paths; the fds are open for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            target.as_raw_fd(),
-            empty.as_ptr(),
-            flags,
-        )
-    };
-    Errno::result(rc).map(drop)
+    let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
+    rustix::mount::move_mount(tree, "", target, "", flags)
+        .map_err(|e| Errno::from_raw(e.raw_os_error()))
 }
 
 #[cfg(test)]

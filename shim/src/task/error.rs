@@ -54,6 +54,7 @@ pub enum TaskError {
         /// What the shim was doing.
         what: &'static str,
         /// The error.
+        #[source]
         why: std::io::Error,
     },
 }

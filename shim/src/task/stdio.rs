@@ -9,14 +9,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio as ChildStdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 
 /// The fifos containerd named for a process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -353,19 +353,13 @@ impl ConsoleSocket {
         stream.set_nonblocking(false)?;
         let mut name = [0u8; 4096];
         let mut iov = [io::IoSliceMut::new(&mut name)];
-        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-        let msg = recvmsg::<()>(
-            stream.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        for cmsg in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                if let Some(&fd) = fds.first() {
-                    // SAFETY: the kernel just gave this process the descriptor; nothing else
-                    // owns it.
-                    return Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        rustix::net::recvmsg(&stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+                if let Some(fd) = fds.next() {
+                    return Ok(File::from(fd));
                 }
             }
         }
