@@ -134,14 +134,13 @@ pub enum InjectError {
         wanted: String,
     },
     /// `/proc/PID/cgroup` or `/proc/self/mountinfo` could not be read.
-    #[error("cannot read {} to find the devices cgroup of process {pid}: {source}", path.display())]
+    #[error("cannot find the devices cgroup of process {pid}: {source}")]
     CgroupRead {
         /// The container's init pid.
         pid: u32,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
+        /// Why (it names the file).
+        #[source]
+        source: gpuplex_cgroup::CgroupError,
     },
     /// The process has no cgroup v1 devices controller: on cgroup v2, device access is an eBPF
     /// program, which gpuplex-hook does not edit yet.

@@ -17,7 +17,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use gpuplex_shim::cgroup::{freeze_all, FreezerCgroup, FreezerVersion};
+use gpuplex_cgroup::{freeze_all, FreezerCgroup, FreezerVersion};
 use serde_json::json;
 use support::*;
 

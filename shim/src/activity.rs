@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
-use crate::cgroup::{CgroupReader, Hierarchies};
 use crate::config::ActivityChoice;
 use crate::nvml::NvmlGpus;
+use gpuplex_cgroup::{CgroupReader, Hierarchies};
 
 /// The activity source in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,8 +274,8 @@ mod tests {
 
     #[test]
     fn always_means_every_container() {
-        let cgroup = crate::cgroup::FreezerCgroup::new(
-            crate::cgroup::FreezerVersion::V2,
+        let cgroup = gpuplex_cgroup::FreezerCgroup::new(
+            gpuplex_cgroup::FreezerVersion::V2,
             "/nonexistent".into(),
         );
         let mut reader = CgroupReader::new(cgroup);

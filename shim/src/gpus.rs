@@ -2,10 +2,9 @@
 //! else what NVML reports, else none (the service still starts, and refuses registrations
 //! saying why).
 
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use gpuplex_cgroup::DeviceNumbers;
 use gpuplex_scheduler::inventory::Gpu;
 use gpuplex_scheduler::GpuIndex;
 
@@ -150,15 +149,12 @@ pub fn discover(config: &NodeConfig) -> Result<Discovery, GpuError> {
 
 /// The major and minor numbers of a character device node.
 pub fn char_device(path: &Path) -> Result<(u32, u32), String> {
-    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+    let found = DeviceNumbers::char_device(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "no such file".to_string(),
         _ => e.to_string(),
     })?;
-    if !meta.file_type().is_char_device() {
-        return Err("not a character device".into());
-    }
-    let rdev = meta.rdev();
-    Ok((libc::major(rdev), libc::minor(rdev)))
+    let numbers = found.ok_or("not a character device")?;
+    Ok((numbers.major, numbers.minor))
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 //! - [`config`]: `gpuplex.toml`, read and checked (by `gpuplex-client`, which `gpuplexctl` and
 //!   the hook use too);
 //! - [`gpus`]: which GPUs this machine has (NVML through [`nvml`], or `[[fake_gpu]]` entries);
-//! - [`cgroup`]: finding a container's freezer cgroup, freezing, thawing, its processes and CPU time;
 //! - [`activity`]: which containers have GPU work now (`nvml`, `cpu`, `always`);
 //! - [`state`]: the registrations on disk, written atomically, read back after a restart;
 //! - [`service`]: the node service's loop, its socket and its signals;
@@ -17,7 +16,6 @@
 
 pub mod activity;
 pub mod cdi;
-pub mod cgroup;
 pub mod config;
 pub mod gpus;
 pub mod metrics;

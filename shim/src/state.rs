@@ -31,7 +31,7 @@ use gpuplex_scheduler::quantity::shown;
 use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::{FreezerCgroup, FreezerVersion, Hierarchies};
+use gpuplex_cgroup::{FreezerCgroup, FreezerVersion, Hierarchies};
 
 /// The format version written in each file.
 pub const FORMAT: u32 = 1;

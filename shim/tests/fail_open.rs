@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use gpuplex_shim::cgroup::FreezerVersion::{V1, V2};
+use gpuplex_cgroup::FreezerVersion::{V1, V2};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;

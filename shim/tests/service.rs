@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use gpuplex_shim::cgroup::FreezerVersion::{V1, V2};
+use gpuplex_cgroup::FreezerVersion::{V1, V2};
 use serde_json::json;
 use support::*;
 
@@ -22,7 +22,7 @@ fn shares(groups: &[&TestCgroup], over: Duration) -> Vec<f64> {
     used.iter().map(|u| u / total).collect()
 }
 
-fn check_shares(version: gpuplex_shim::cgroup::FreezerVersion, weights: &[u32]) {
+fn check_shares(version: gpuplex_cgroup::FreezerVersion, weights: &[u32]) {
     let service = NodeService::start(Setup::default());
     let mut groups = Vec::new();
     for (i, w) in weights.iter().enumerate() {

@@ -4,7 +4,7 @@
 
 mod support;
 
-use gpuplex_shim::cgroup::FreezerVersion::V1;
+use gpuplex_cgroup::FreezerVersion::V1;
 use serde_json::{json, Value};
 use support::*;
 

@@ -52,9 +52,9 @@ pub fn bin(name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // The crates each binary is built from.
     let crates: &[&str] = match name {
-        "gpuplex-hook" => &["scheduler", "client", "hook"],
+        "gpuplex-hook" => &["scheduler", "client", "cgroup", "hook"],
         "gpuplexctl" => &["scheduler", "client", "ctl"],
-        _ => &["scheduler", "client", "hook", "shim"],
+        _ => &["scheduler", "client", "cgroup", "hook", "shim"],
     };
     for krate in crates {
         if let Some(newer) = newer_than(&root.join(krate).join("src"), built) {

@@ -3,8 +3,9 @@
 //! but on a [`serde_json::Value`] so that fields oci-spec does not model are kept, like
 //! [`crate::spec::edit`].
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
 
+use gpuplex_cgroup::{DeviceKind, DeviceNumbers};
 use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
 use gpuplex_scheduler::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
@@ -34,23 +35,14 @@ struct Plan {
 
 /// A host node's CDI type (`b`, `c`, `p`) and major and minor numbers (0 for a fifo).
 fn host_node(path: &str) -> Result<(String, i64, i64), String> {
-    let meta = std::fs::metadata(path).map_err(|err| err.to_string())?;
-    let kind = meta.file_type();
-    let rdev = meta.rdev();
-    let numbers = (
-        nix::sys::stat::major(rdev) as i64,
-        nix::sys::stat::minor(rdev) as i64,
-    );
-    let (node_type, (major, minor)) = if kind.is_block_device() {
-        ("b", numbers)
-    } else if kind.is_char_device() {
-        ("c", numbers)
-    } else if kind.is_fifo() {
-        ("p", (0, 0))
-    } else {
-        return Err("not a device node".to_owned());
+    let found = DeviceNumbers::of(Path::new(path)).map_err(|err| err.to_string())?;
+    let node = found.ok_or_else(|| "not a device node".to_owned())?;
+    let node_type = match node.kind {
+        DeviceKind::Block => "b",
+        DeviceKind::Char => "c",
+        DeviceKind::Fifo => "p",
     };
-    Ok((node_type.to_owned(), major, minor))
+    Ok((node_type.to_owned(), node.major.into(), node.minor.into()))
 }
 
 /// The device cgroup access of a node: `rwm` when unset, nothing for `none`.

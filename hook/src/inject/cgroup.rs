@@ -10,6 +10,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use gpuplex_cgroup::{CgroupMounts, ProcCgroup};
+
 use super::InjectError;
 use crate::spec::DeviceNode;
 
@@ -87,79 +89,21 @@ pub fn deny_devices(pid: u32, rules: &[DeviceRule]) -> Result<(), InjectError> {
     check(&dir, rules, "devices.deny", false)
 }
 
-/// The directory of the devices cgroup of process `pid`.
+/// The directory of the devices cgroup of process `pid`, through whichever mount of this
+/// namespace reaches it (a bind-mounted subtree of the hierarchy included).
 fn devices_dir(pid: u32) -> Result<PathBuf, InjectError> {
-    let proc_cgroup = PathBuf::from(format!("/proc/{pid}/cgroup"));
-    let cgroups = fs::read_to_string(&proc_cgroup).map_err(|source| InjectError::CgroupRead {
-        pid,
-        path: proc_cgroup,
-        source,
-    })?;
-    let cgroup = devices_cgroup(&cgroups).ok_or(InjectError::CgroupV2Devices { pid })?;
-    let mountinfo_path = PathBuf::from("/proc/self/mountinfo");
-    let mountinfo =
-        fs::read_to_string(&mountinfo_path).map_err(|source| InjectError::CgroupRead {
+    let read = |source| InjectError::CgroupRead { pid, source };
+    let cgroups = ProcCgroup::of_pid(pid).map_err(read)?;
+    let cgroup = cgroups
+        .v1_path("devices")
+        .ok_or(InjectError::CgroupV2Devices { pid })?;
+    let mounts = CgroupMounts::of_this_process().map_err(read)?;
+    mounts
+        .v1_dir("devices", cgroup)
+        .ok_or_else(|| InjectError::CgroupNotMounted {
             pid,
-            path: mountinfo_path,
-            source,
-        })?;
-    cgroup_dir(&mountinfo, cgroup).ok_or_else(|| InjectError::CgroupNotMounted {
-        pid,
-        cgroup: cgroup.to_string(),
-    })
-}
-
-/// The v1 devices cgroup in the text of `/proc/PID/cgroup` (`5:devices:/c1` gives `/c1`).
-fn devices_cgroup(proc_cgroup: &str) -> Option<&str> {
-    proc_cgroup.lines().find_map(|line| {
-        let mut fields = line.splitn(3, ':');
-        let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-        controllers
-            .split(',')
-            .any(|c| c == "devices")
-            .then_some(path)
-    })
-}
-
-/// Where `cgroup` of the devices hierarchy is, from the text of `/proc/self/mountinfo`: under
-/// a mount of type `cgroup` with the `devices` option whose root contains it.
-fn cgroup_dir(mountinfo: &str, cgroup: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        let mut fs = fs.split(' ');
-        let (fstype, _source, options) = (fs.next()?, fs.next()?, fs.next()?);
-        if fstype != "cgroup" || !options.split(',').any(|o| o == "devices") {
-            return None;
-        }
-        let mut fields = mount.split(' ');
-        let root = unescape(fields.nth(3)?);
-        let mount_point = unescape(fields.next()?);
-        let below = Path::new(cgroup).strip_prefix(&root).ok()?;
-        Some(PathBuf::from(mount_point).join(below))
-    })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` is a space).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        match (bytes[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+            cgroup: cgroup.to_string(),
+        })
 }
 
 /// Whether the text of `devices.list` allows all of `rule`'s access.
@@ -233,15 +177,16 @@ mod tests {
 
     #[test]
     fn finds_the_v1_devices_cgroup() {
+        let devices = |text| ProcCgroup::parse(text).v1_path("devices").map(String::from);
         let text = "9:name=systemd:/c1\n5:devices:/c1\n4:memory:/a/b/c1\n0::/\n";
-        assert_eq!(devices_cgroup(text), Some("/c1"));
+        assert_eq!(devices(text).as_deref(), Some("/c1"));
         let joined = "3:cpu,devices:/x:y\n";
-        assert_eq!(devices_cgroup(joined), Some("/x:y"));
+        assert_eq!(devices(joined).as_deref(), Some("/x:y"));
+        assert_eq!(devices("0::/user.slice/c1\n"), None);
     }
 
     #[test]
     fn cgroup_v2_only_has_no_devices_cgroup_and_says_what_to_do() {
-        assert_eq!(devices_cgroup("0::/user.slice/c1\n"), None);
         let message = InjectError::CgroupV2Devices { pid: 7 }.to_string();
         assert!(message.contains("v2"), "{message}");
         assert!(message.contains("not support"), "{message}");
@@ -250,28 +195,8 @@ mod tests {
         assert!(!message.contains('\n'));
     }
 
-    #[test]
-    fn finds_the_mount_of_the_devices_hierarchy() {
-        let mountinfo = "\
-30 24 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
-33 24 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
-37 24 0:33 / /sys/fs/cgroup/devices rw,nosuid - cgroup cgroup rw,devices
-";
-        assert_eq!(
-            cgroup_dir(mountinfo, "/c1"),
-            Some(PathBuf::from("/sys/fs/cgroup/devices/c1"))
-        );
-        let nested = "37 24 0:33 /pod /mnt/my\\040cg rw - cgroup cgroup rw,devices,cpu\n";
-        assert_eq!(
-            cgroup_dir(nested, "/pod/c1"),
-            Some(PathBuf::from("/mnt/my cg/c1"))
-        );
-        assert_eq!(cgroup_dir(nested, "/other/c1"), None);
-        assert_eq!(
-            cgroup_dir("33 24 0:29 / /cpu rw - cgroup cgroup rw,cpu\n", "/c1"),
-            None
-        );
-    }
+    // Where the devices hierarchy is mounted, whole or a subtree: gpuplex-cgroup's
+    // `a_subtree_mount_reaches_only_its_subtree`.
 
     #[test]
     fn reads_what_devices_list_allows() {

@@ -1,10 +1,8 @@
 //! Host character device nodes and where they appear in a container.
 
-use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use nix::sys::stat::{major, minor};
+use gpuplex_cgroup::DeviceNumbers;
 
 use super::SpecError;
 
@@ -31,23 +29,19 @@ impl DeviceNode {
     /// character device (a symlink to one is followed; `host_path` stays the link). The
     /// container path is [`container_path_of`]`(host_path)`.
     pub fn from_host(host_path: &Path) -> Result<DeviceNode, SpecError> {
-        let meta = fs::metadata(host_path).map_err(|source| SpecError::Stat {
+        let found = DeviceNumbers::char_device(host_path).map_err(|source| SpecError::Stat {
             path: host_path.to_path_buf(),
             source,
         })?;
-        if !meta.file_type().is_char_device() {
-            return Err(SpecError::NotCharDevice {
-                path: host_path.to_path_buf(),
-            });
-        }
-        let rdev = meta.rdev();
+        let numbers = found.ok_or_else(|| SpecError::NotCharDevice {
+            path: host_path.to_path_buf(),
+        })?;
         Ok(DeviceNode {
             host_path: host_path.to_path_buf(),
             container_path: container_path_of(host_path),
-            // Linux majors have 12 bits and minors 20: both fit.
-            major: major(rdev) as u32,
-            minor: minor(rdev) as u32,
-            file_mode: meta.mode() & 0o777,
+            major: numbers.major,
+            minor: numbers.minor,
+            file_mode: numbers.permissions,
         })
     }
 }
@@ -84,6 +78,7 @@ pub fn control_nodes() -> Vec<DeviceNode> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};

@@ -2,7 +2,7 @@
 //!
 //! Freezes are carried out before thaws, so that a switch never lets two containers of one GPU
 //! run at once; all the freezes of one decision are requested together and confirmed together
-//! ([`crate::cgroup::freeze_all`]). A freeze that cannot be confirmed is undone by the cgroup
+//! ([`gpuplex_cgroup::freeze_all`]). A freeze that cannot be confirmed is undone by the cgroup
 //! layer and logged: the container runs on rather than stay frozen outside a window.
 //!
 //! A held container (its user paused it) is its user's: no order, release, exit or shutdown
@@ -19,7 +19,7 @@ use gpuplex_scheduler::VgpuId;
 
 use super::unstarted::Unstarted;
 use super::Service;
-use crate::cgroup::{freeze_all, CgroupError, CgroupReader, FreezerCgroup};
+use gpuplex_cgroup::{freeze_all, CgroupError, CgroupReader, FreezerCgroup};
 
 /// An attached container as the service enforces it.
 #[derive(Debug)]

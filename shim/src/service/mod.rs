@@ -39,13 +39,13 @@ use gpuplex_scheduler::protocol::{Reply, Request};
 use gpuplex_scheduler::{Instant, VgpuId};
 
 use crate::activity::{ActivitySampler, ActivitySource, Watched};
-use crate::cgroup::{CgroupError, Hierarchies};
 use crate::config::NodeConfig;
 use crate::gpus::{self, GpuSource, NodeGpu};
 use crate::state::{
     unix_ms, NodeLock, SavedAccounting, SavedFreezer, SavedFrozen, SavedGpuAccounting,
     SavedVgpuAccounting, StateDir, StateError,
 };
+use gpuplex_cgroup::{CgroupError, Hierarchies};
 
 use cdi::CdiSpecs;
 use enforce::Enforced;
@@ -362,7 +362,7 @@ impl Service {
     /// container's processes becomes readable: `exits.rs`); every [`EXIT_SWEEP`], not every
     /// sample, each container is also asked whether it still has processes, for the exits no
     /// pidfd saw. A frozen one is looked at for stop signals every [`STOP_CHECK`]. Every read is one
-    /// `pread` of a file kept open ([`crate::cgroup::CgroupReader`]).
+    /// `pread` of a file kept open ([`gpuplex_cgroup::CgroupReader`]).
     fn sample(&mut self) {
         self.keep_watchdog();
         if self.last_exit_sweep.elapsed() >= EXIT_SWEEP {
@@ -516,7 +516,7 @@ fn keep_descriptors() {
         Ok((soft, _)) => soft,
         Err(_) => 1024,
     };
-    crate::cgroup::set_kept_budget(usize::try_from(soft / 2).unwrap_or(usize::MAX));
+    gpuplex_cgroup::set_kept_budget(usize::try_from(soft / 2).unwrap_or(usize::MAX));
 }
 
 /// Runs the node service in the foreground until SIGTERM or SIGINT: the whole of

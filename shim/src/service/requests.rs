@@ -5,7 +5,7 @@
 //!
 //! A reservation's handle is drawn here, from the kernel's random source, and shown only in the
 //! reply to the request that made it. Every cgroup a request names passes the one
-//! [`crate::cgroup::Admission`] check before anything is bound to it.
+//! [`gpuplex_cgroup::Admission`] check before anything is bound to it.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -18,9 +18,9 @@ use gpuplex_scheduler::{Handle, VgpuId};
 use super::enforce::Enforced;
 use super::unstarted::Unstarted;
 use super::Service;
-use crate::cgroup::{Admission, FreezerCgroup};
 use crate::gpus::GpuSource;
 use crate::state::{unix_ms, SavedAttachment, SavedFreezer, SavedGpu, SavedVgpu, FORMAT};
+use gpuplex_cgroup::{Admission, FreezerCgroup};
 
 impl Service {
     /// Carries out one request and says how it went.
@@ -257,7 +257,7 @@ impl Service {
     }
 
     /// The freezer cgroup of a target, when the service may freeze it as a container's
-    /// ([`crate::cgroup::Admission`]: the same check at register, attach and recovery).
+    /// ([`gpuplex_cgroup::Admission`]: the same check at register, attach and recovery).
     pub(super) fn admitted_cgroup(&self, target: &Target) -> Result<FreezerCgroup, String> {
         let found = match target {
             Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
@@ -268,7 +268,7 @@ impl Service {
         Ok(cgroup)
     }
 
-    /// [`crate::cgroup::Admission::check`] against every cgroup enforced now.
+    /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
     pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
         let enforced = self.enforced.iter().map(|(v, e)| {
             let name = match self.node.record(*v).and_then(|r| r.attachment.as_ref()) {

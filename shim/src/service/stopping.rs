@@ -19,7 +19,7 @@ use gpuplex_scheduler::windows::{Action, StopSignal};
 use gpuplex_scheduler::VgpuId;
 
 use super::Service;
-use crate::cgroup::PendingSignals;
+use gpuplex_cgroup::PendingSignals;
 
 /// The stop a set of pending signals asks for: SIGKILL before SIGTERM, SIGINT and SIGQUIT.
 pub(super) fn stop_signal(pending: PendingSignals) -> Option<StopSignal> {

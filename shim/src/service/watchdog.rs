@@ -20,8 +20,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 
-use crate::cgroup::Hierarchies;
 use crate::state::{NodeLock, StateDir};
+use gpuplex_cgroup::Hierarchies;
 
 /// The watchdog as the service holds it.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use super::process::{Lifecycle, Process};
 use super::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use super::stdio::{PendingStdio, StdioPaths};
 use super::vgpu::{NodeLink, Reserved};
-use crate::cgroup::{FreezerCgroup, Hierarchies};
+use gpuplex_cgroup::{FreezerCgroup, Hierarchies};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
 #[derive(Debug)]

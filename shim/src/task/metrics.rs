@@ -10,27 +10,26 @@ use containerd_shim::protos::cgroups::metrics::{
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::MessageField;
+use gpuplex_cgroup::{CgroupMounts, ProcCgroup};
 
-/// The v1 controllers of `pid` and their directories (`/sys/fs/cgroup/<controller><path>`),
-/// from `/proc/PID/cgroup`; empty on a v2-only host.
-pub(crate) fn v1_directories(proc_cgroup: &str) -> HashMap<String, PathBuf> {
+/// The v1 controllers of a process and their directories, from its `/proc/PID/cgroup` and where
+/// this mount namespace mounts each hierarchy (`mounts`); empty on a v2-only host.
+pub(crate) fn v1_directories(proc_cgroup: &str, mounts: &CgroupMounts) -> HashMap<String, PathBuf> {
     let mut dirs = HashMap::new();
-    for line in proc_cgroup.lines() {
-        let mut fields = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if controllers.is_empty() {
-            continue;
-        }
-        let dir = PathBuf::from(format!("/sys/fs/cgroup/{controllers}{path}"));
-        for controller in controllers.split(',') {
-            dirs.insert(controller.to_owned(), dir.clone());
+    for (controllers, path) in ProcCgroup::parse(proc_cgroup).v1 {
+        for controller in controllers {
+            if let Some(dir) = mounts.v1_dir(&controller, &path) {
+                dirs.insert(controller, dir);
+            }
         }
     }
     dirs
+}
+
+/// [`v1_directories`] through the mounts of `/proc/self/mountinfo` (none when it cannot be read).
+pub(crate) fn v1_directories_here(proc_cgroup: &str) -> HashMap<String, PathBuf> {
+    let mounts = CgroupMounts::of_this_process().unwrap_or_default();
+    v1_directories(proc_cgroup, &mounts)
 }
 
 /// `key value` lines (memory.stat, cpu.stat, cpuacct.stat) as a map.
@@ -146,7 +145,7 @@ fn v1_metrics(read: impl Fn(&str, &str) -> Option<String>) -> Metrics {
 /// (`/proc/PID/cgroup`, read at create: a v1 container's cgroups are read after its init has
 /// exited too, as runc's shim reads them until `Delete`), packed for `StatsResponse`.
 pub fn of_container(proc_cgroup: &str, pid: u32) -> Result<Any, String> {
-    let dirs = v1_directories(proc_cgroup);
+    let dirs = v1_directories_here(proc_cgroup);
     if dirs.contains_key("memory") || dirs.contains_key("cpuacct") {
         let metrics = v1_metrics(|controller, file| {
             std::fs::read_to_string(dirs.get(controller)?.join(file)).ok()
@@ -165,8 +164,16 @@ mod tests {
 
     #[test]
     fn controllers_are_found_per_hierarchy() {
-        let text = "12:pids:/default/c1\n4:cpu,cpuacct:/default/c1\n3:memory:/default/c1\n0::/default/c1\n";
-        let dirs = v1_directories(text);
+        let mounts = CgroupMounts::from_mountinfo(
+            "\
+33 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw shared:15 - cgroup cgroup rw,cpu,cpuacct
+34 25 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+35 25 0:32 / /run/my\\040pids rw - cgroup cgroup rw,pids
+36 25 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+",
+        );
+        let text = "12:pids:/default/c1\n4:cpu,cpuacct:/default/c1\n3:memory:/default/c1\n2:blkio:/default/c1\n0::/default/c1\n";
+        let dirs = v1_directories(text, &mounts);
         assert_eq!(
             dirs["cpuacct"],
             PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/default/c1")
@@ -176,8 +183,12 @@ mod tests {
             dirs["memory"],
             PathBuf::from("/sys/fs/cgroup/memory/default/c1")
         );
+        // Where the hierarchy is mounted, not where it usually is.
+        assert_eq!(dirs["pids"], PathBuf::from("/run/my pids/default/c1"));
+        assert!(!dirs.contains_key("blkio"), "not mounted here");
         assert!(!dirs.contains_key(""));
-        assert!(v1_directories("0::/user.slice\n").is_empty());
+        assert!(v1_directories("0::/user.slice\n", &mounts).is_empty());
+        assert!(v1_directories(text, &CgroupMounts::default()).is_empty());
     }
 
     #[test]

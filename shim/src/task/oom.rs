@@ -36,14 +36,12 @@ impl MemoryCgroup {
 /// controller.
 pub fn memory_cgroup(pid: u32) -> Option<MemoryCgroup> {
     let proc_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    if let Some(dir) = v1_directories(&proc_cgroup).remove("memory") {
+    let mounts = gpuplex_cgroup::CgroupMounts::of_this_process().ok()?;
+    if let Some(dir) = v1_directories(&proc_cgroup, &mounts).remove("memory") {
         return Some(MemoryCgroup::V1(dir));
     }
-    let unified = crate::cgroup::Hierarchies::of_this_machine()
-        .ok()?
-        .unified?;
-    let path = crate::cgroup::ProcCgroup::parse(&proc_cgroup).unified?;
-    let dir = unified.join(path.trim_start_matches('/'));
+    let path = gpuplex_cgroup::ProcCgroup::parse(&proc_cgroup).unified?;
+    let dir = mounts.unified_dir(&path)?;
     dir.join("memory.events")
         .is_file()
         .then_some(MemoryCgroup::V2(dir))

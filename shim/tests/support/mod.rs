@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpuplex_shim::cgroup::{FreezerVersion, Hierarchies};
+use gpuplex_cgroup::{FreezerVersion, Hierarchies};
 use serde_json::{json, Value};
 
 /// Tests that measure CPU shares must not run at the same time on a 2-core machine.

@@ -1,11 +1,12 @@
 //! [`FreezerCgroup`]: one cgroup that gpuplex freezes and thaws, whichever the interface.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::mounts::join_cgroup_path;
 use super::procfs::ProcCgroup;
 use super::{fsio, v1, v2, CgroupError, CgroupReader, FreezerVersion, Hierarchies};
 
@@ -49,8 +50,8 @@ impl FreezerCgroup {
         h: &Hierarchies,
     ) -> Result<FreezerCgroup, CgroupError> {
         let candidates = [
-            (FreezerVersion::V1, &h.freezer, &cgroups.freezer),
-            (FreezerVersion::V2, &h.unified, &cgroups.unified),
+            (FreezerVersion::V1, &h.freezer, cgroups.freezer()),
+            (FreezerVersion::V2, &h.unified, cgroups.unified.as_deref()),
         ];
         for (version, mount, path) in candidates {
             if let (Some(mount), Some(path)) = (mount, path) {
@@ -187,19 +188,15 @@ impl FreezerCgroup {
             return cause;
         }
         match self.thaw() {
-            Ok(()) => {
-                tracing::debug!(cgroup = %self.path.display(), "thawed again after: {cause}");
-                cause
-            }
+            // The caller logs what it is told: the library itself logs nothing (the hook links
+            // it and has no logger).
+            Ok(()) => cause,
             Err(thaw) if thaw.is_gone() => thaw,
-            Err(thaw) => {
-                tracing::error!(cgroup = %self.path.display(), "freezing failed ({cause}) and thawing failed ({thaw})");
-                CgroupError::StillFrozen {
-                    path: self.path.clone(),
-                    cause: Box::new(cause),
-                    thaw: Box::new(thaw),
-                }
-            }
+            Err(thaw) => CgroupError::StillFrozen {
+                path: self.path.clone(),
+                cause: Box::new(cause),
+                thaw: Box::new(thaw),
+            },
         }
     }
 }
@@ -249,19 +246,6 @@ pub fn freeze_all(cgroups: &[&FreezerCgroup], timeout: Duration) -> Vec<Result<(
             Err(cgroup.undo_failed_freeze(error))
         })
         .collect()
-}
-
-/// `mount` joined with a cgroup path of `/proc/PID/cgroup` (`/a/b`); `None` for a path that
-/// climbs out of the hierarchy (`/../x`, seen from another cgroup namespace).
-pub(super) fn join_cgroup_path(mount: &Path, path: &str) -> Option<PathBuf> {
-    let relative = Path::new(path.trim_start_matches('/'));
-    if relative
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_)))
-    {
-        return None;
-    }
-    Some(mount.join(relative))
 }
 
 /// Parses `cgroup.procs`: one pid a line. On failure, returns the offending line.

@@ -5,16 +5,18 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use procfs_core::{FromBufRead, ProcessCGroups};
+
 use super::CgroupError;
 
-/// A process's cgroups, from `/proc/PID/cgroup`: the paths are relative to each hierarchy's root
-/// and start with `/` (`/` itself is the root cgroup).
+/// A process's cgroups, from `/proc/PID/cgroup` (the one parser of that file in gpuplex; its lines
+/// are read by `procfs-core`): the paths are relative to each hierarchy's root and start with `/`
+/// (`/` itself is the root cgroup).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcCgroup {
-    /// Its cgroup in the v1 hierarchy that has the `freezer` controller.
-    pub freezer: Option<String>,
-    /// Its cgroup in the v1 hierarchy that has the `cpuacct` controller.
-    pub cpuacct: Option<String>,
+    /// Its cgroup in each v1 hierarchy: the hierarchy's controllers (and name, `name=systemd`)
+    /// and the path, in the file's order.
+    pub v1: Vec<(Vec<String>, String)>,
     /// Its cgroup2 cgroup (the `0::PATH` line).
     pub unified: Option<String>,
 }
@@ -25,26 +27,37 @@ impl ProcCgroup {
     pub fn parse(text: &str) -> ProcCgroup {
         let mut found = ProcCgroup::default();
         for line in text.lines() {
-            let mut fields = line.splitn(3, ':');
-            let (Some(id), Some(controllers), Some(path)) =
-                (fields.next(), fields.next(), fields.next())
-            else {
+            let Ok(ProcessCGroups(parsed)) = ProcessCGroups::from_buf_read(line.as_bytes()) else {
                 continue;
             };
-            let path = Some(path.to_string());
-            if id == "0" && controllers.is_empty() {
-                found.unified = path;
-                continue;
-            }
-            for controller in controllers.split(',') {
-                match controller {
-                    "freezer" => found.freezer.clone_from(&path),
-                    "cpuacct" => found.cpuacct.clone_from(&path),
-                    _ => {}
+            for cgroup in parsed {
+                if cgroup.hierarchy == 0 && cgroup.controllers.is_empty() {
+                    found.unified = Some(cgroup.pathname);
+                } else {
+                    found.v1.push((cgroup.controllers, cgroup.pathname));
                 }
             }
         }
         found
+    }
+
+    /// Its cgroup in the v1 hierarchy with `controller` (`freezer`, or a name such as
+    /// `name=systemd`).
+    pub fn v1_path(&self, controller: &str) -> Option<&str> {
+        let mut found = self.v1.iter();
+        let (_, path) =
+            found.find(|(controllers, _)| controllers.iter().any(|c| c == controller))?;
+        Some(path)
+    }
+
+    /// Its cgroup in the v1 hierarchy that has the `freezer` controller.
+    pub fn freezer(&self) -> Option<&str> {
+        self.v1_path("freezer")
+    }
+
+    /// Its cgroup in the v1 hierarchy that has the `cpuacct` controller.
+    pub fn cpuacct(&self) -> Option<&str> {
+        self.v1_path("cpuacct")
     }
 
     /// Reads `/proc/PID/cgroup`.
@@ -203,12 +216,12 @@ mod tests {
         assert_eq!(PendingSignals::parse(""), PendingSignals(0));
     }
 
-    fn cg(freezer: Option<&str>, cpuacct: Option<&str>, unified: Option<&str>) -> ProcCgroup {
-        ProcCgroup {
-            freezer: freezer.map(String::from),
-            cpuacct: cpuacct.map(String::from),
-            unified: unified.map(String::from),
-        }
+    fn cg<'a>(
+        freezer: Option<&'a str>,
+        cpuacct: Option<&'a str>,
+        unified: Option<&'a str>,
+    ) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
+        (freezer, cpuacct, unified)
     }
 
     #[test]
@@ -242,7 +255,13 @@ mod tests {
             ("garbage", "nonsense\n\n", cg(None, None, None)),
         ];
         for (name, text, expected) in table {
-            assert_eq!(ProcCgroup::parse(text), expected, "{name}");
+            let parsed = ProcCgroup::parse(text);
+            let found = (
+                parsed.freezer(),
+                parsed.cpuacct(),
+                parsed.unified.as_deref(),
+            );
+            assert_eq!(found, expected, "{name}");
         }
     }
 

@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::freezer::join_cgroup_path;
+use super::mounts::join_cgroup_path;
 use super::{CgroupError, FreezerCgroup, FreezerVersion, Hierarchies, ProcCgroup};
 
 /// Why a cgroup cannot be frozen as a container's. One line each.
@@ -106,12 +106,12 @@ impl Admission {
             admission.roots.push((version, mount.clone()));
             for process in own {
                 let path = match version {
-                    FreezerVersion::V1 => &process.freezer,
-                    FreezerVersion::V2 => &process.unified,
+                    FreezerVersion::V1 => process.freezer(),
+                    FreezerVersion::V2 => process.unified.as_deref(),
                 };
                 // A path that climbs out (`/../x`) or none at all cannot be placed: nothing in
                 // that hierarchy can then be told apart from the service's own.
-                let place = path.as_deref().and_then(|p| join_cgroup_path(mount, p));
+                let place = path.and_then(|p| join_cgroup_path(mount, p));
                 admission.own.push((version, place));
             }
         }

@@ -159,10 +159,7 @@ mod tests {
     #[test]
     fn a_removed_cgroup_is_not_populated() {
         let dir = tempfile::tempdir().unwrap();
-        let gone = crate::cgroup::FreezerCgroup::new(
-            crate::cgroup::FreezerVersion::V2,
-            dir.path().join("gone"),
-        );
+        let gone = crate::FreezerCgroup::new(crate::FreezerVersion::V2, dir.path().join("gone"));
         assert!(!gone.is_populated().unwrap());
     }
 }

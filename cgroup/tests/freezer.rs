@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gpuplex_shim::cgroup::{
+use gpuplex_cgroup::{
     freeze_all, CgroupError, CgroupReader, FreezerCgroup, FreezerVersion, Hierarchies, ProcCgroup,
     ProcStat,
 };
@@ -171,7 +171,7 @@ fn freeze_stops_and_thaw_resumes(version: FreezerVersion, name: &str) {
         // of_pid prefers v1: keep the child in the v1 freezer root, as on a machine that
         // freezes through cgroup2 only.
         if let Some(freezer) = &h.freezer {
-            if ProcCgroup::of_pid(pid).unwrap().freezer.as_deref() != Some("/") {
+            if ProcCgroup::of_pid(pid).unwrap().freezer() != Some("/") {
                 move_to(freezer, pid);
             }
         }
@@ -483,12 +483,12 @@ fn a_process_in_the_root_cgroups_is_refused() {
     let h = hierarchies();
     let me = std::process::id();
     let mine = ProcCgroup::of_pid(me).unwrap();
-    let in_root = |mount: &Option<PathBuf>, path: &Option<String>| {
-        mount.is_none() || path.as_deref().is_none_or(|p| p == "/")
+    let in_root = |mount: &Option<PathBuf>, path: Option<&str>| {
+        mount.is_none() || path.is_none_or(|p| p == "/")
     };
     if !h.has_freezer()
-        || !in_root(&h.freezer, &mine.freezer)
-        || !in_root(&h.unified, &mine.unified)
+        || !in_root(&h.freezer, mine.freezer())
+        || !in_root(&h.unified, mine.unified.as_deref())
     {
         say!("SKIPPED: a_process_in_the_root_cgroups_is_refused: this test process is not in the root freezer cgroups");
         return;

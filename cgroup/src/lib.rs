@@ -1,4 +1,5 @@
-//! Freezer cgroups: finding a container's, freezing and thawing it, its processes and its CPU time.
+//! gpuplex's cgroup library: finding a process's cgroups and freezing, thawing and reading them,
+//! v1 and v2 behind one type ([`FreezerCgroup`]).
 //!
 //! gpuplex revokes an execution window by freezing the container's whole cgroup and grants one by
 //! thawing it. Two kernel interfaces do this, and a machine may have either or both:
@@ -30,13 +31,16 @@
 //! Which cgroups may be frozen at all (never a hierarchy's root, the service's own, or one nested
 //! with another container's) is [`Admission`]'s one check.
 //!
-//! Layout: `mounts` parses mountinfo ([`Hierarchies`]); `procfs` parses `/proc/PID/cgroup` and
-//! `/proc/PID/stat`; `reader` keeps the files read at every sample open
+//! Layout: `mounts` parses mountinfo ([`CgroupMounts`], [`Hierarchies`]); `procfs` parses
+//! `/proc/PID/cgroup` ([`ProcCgroup`]), `/proc/PID/stat` and `/proc/PID/status`; `device` stats
+//! device nodes ([`DeviceNumbers`]); `reader` keeps the files read at every sample open
 //! ([`CgroupReader`]); `v1` and `v2` hold each interface's file protocol; `freezer` ties them
 //! together behind [`FreezerCgroup`]; `fsio` does the reads and writes and tells `Gone` from other
 //! I/O errors.
+#![deny(missing_docs)]
 
 mod admission;
+mod device;
 mod error;
 mod freezer;
 mod fsio;
@@ -51,9 +55,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 pub use admission::{Admission, Refusal};
+pub use device::{DeviceKind, DeviceNumbers};
 pub use error::CgroupError;
 pub use freezer::{freeze_all, FreezerCgroup};
-pub use mounts::Hierarchies;
+pub use mounts::{CgroupMount, CgroupMounts, Hierarchies};
 pub use procfs::{PendingSignals, ProcCgroup, ProcStat};
 pub use reader::{set_kept_budget, CgroupReader};
 

@@ -81,7 +81,7 @@ pub(super) fn cpuacct_dir(
     for &pid in pids {
         match ProcCgroup::of_pid_in(proc, pid) {
             Ok(cgroup) => {
-                groups.insert(cgroup.cpuacct);
+                groups.insert(cgroup.cpuacct().map(str::to_string));
             }
             Err(CgroupError::NoProcess { .. }) => {}
             Err(e) => return Err(e),
@@ -109,7 +109,7 @@ fn single_cpuacct_cgroup(
     if path == "/" || only.next().is_some() {
         return None;
     }
-    super::freezer::join_cgroup_path(mount, path)
+    super::mounts::join_cgroup_path(mount, path)
 }
 
 #[cfg(test)]
@@ -226,11 +226,9 @@ mod tests {
         let cgroup = tempfile::tempdir().unwrap();
         let list: String = pids.iter().map(|p| format!("{p}\n")).collect();
         fs::write(cgroup.path().join("cgroup.procs"), list).unwrap();
-        let freezer = crate::cgroup::FreezerCgroup::new(
-            crate::cgroup::FreezerVersion::V1,
-            cgroup.path().to_path_buf(),
-        );
-        crate::cgroup::CgroupReader::with_proc(freezer, proc).cpu_time(h)
+        let freezer =
+            crate::FreezerCgroup::new(crate::FreezerVersion::V1, cgroup.path().to_path_buf());
+        crate::CgroupReader::with_proc(freezer, proc).cpu_time(h)
     }
 
     #[test]

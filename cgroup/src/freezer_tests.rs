@@ -5,8 +5,10 @@ use std::fs;
 
 fn proc_cgroup(freezer: Option<&str>, unified: Option<&str>) -> ProcCgroup {
     ProcCgroup {
-        freezer: freezer.map(String::from),
-        cpuacct: None,
+        v1: freezer
+            .map(|path| (vec!["freezer".to_string()], path.to_string()))
+            .into_iter()
+            .collect(),
         unified: unified.map(String::from),
     }
 }
