@@ -55,29 +55,46 @@ fn drop_capabilities(stage: &str) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    use lexopt::prelude::*;
     let mut config: Option<PathBuf> = None;
     let mut stage: Option<String> = None;
     let mut fail_message: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--help" | "-h" => {
+    let mut parser = lexopt::Parser::from_env();
+    loop {
+        let arg = match parser.next() {
+            Ok(Some(arg)) => arg,
+            Ok(None) => break,
+            Err(e) => return usage(&e.to_string()),
+        };
+        match arg {
+            Short('h') | Long("help") => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
-            "--version" => {
+            Long("version") => {
                 println!("gpuplex-hook {}", env!("CARGO_PKG_VERSION"));
                 return ExitCode::SUCCESS;
             }
-            "--config" => match args.next() {
-                Some(p) => config = Some(PathBuf::from(p)),
-                None => return usage("--config needs a path"),
+            Long("config") => match parser.value() {
+                Ok(path) => config = Some(PathBuf::from(path)),
+                Err(_) => return usage("--config needs a path"),
             },
-            s if stage.as_deref() == Some("fail") && fail_message.is_none() => {
-                fail_message = Some(s.to_string())
+            Value(value) if stage.is_none() => {
+                let value = value.to_string_lossy().into_owned();
+                if value == "fail" {
+                    // The message is taken as it is, whatever it starts with.
+                    let mut rest = match parser.raw_args() {
+                        Ok(rest) => rest,
+                        Err(e) => return usage(&e.to_string()),
+                    };
+                    fail_message = rest.next().map(|m| m.to_string_lossy().into_owned());
+                    if let Some(extra) = rest.next() {
+                        return usage(&format!("unexpected argument {extra:?}"));
+                    }
+                }
+                stage = Some(value);
             }
-            s if stage.is_none() && !s.starts_with('-') => stage = Some(s.to_string()),
-            other => return usage(&format!("unexpected argument {other:?}")),
+            other => return usage(&other.unexpected().to_string()),
         }
     }
     let Some(stage) = stage else {

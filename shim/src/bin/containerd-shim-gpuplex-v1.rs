@@ -24,18 +24,51 @@ It stops on SIGTERM or SIGINT, thawing every container it froze.
 Exit codes: 0 stopped by a signal, 1 could not start, 2 usage.";
 
 fn main() -> ExitCode {
-    let mut args = std::env::args_os().skip(1);
-    let Some(command) = args.next() else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_env();
+    let command = match parser.next() {
+        Ok(Some(Value(command))) => command.to_string_lossy().into_owned(),
+        Ok(Some(Short('h') | Long("help"))) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Some(Short('v') | Long("version"))) => {
+            println!("containerd-shim-gpuplex-v1 {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        // Anything else that starts with `-` is containerd's invocation of a shim
+        // (`-namespace NS -address ... start`): containerd-shim reads it.
+        Ok(Some(_)) | Err(_) => {
+            gpuplex_shim::task::run();
+            return ExitCode::SUCCESS;
+        }
+        Ok(None) => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
     };
-    match command.to_str() {
-        Some("serve") => {}
-        Some("watchdog") => {
-            // Started by `serve` itself, with the pipe it watches on stdin.
-            return match (args.next(), args.next(), args.next()) {
-                (Some(flag), Some(dir), None) if flag == "--state-dir" => {
-                    gpuplex_shim::service::watchdog::run(PathBuf::from(dir))
+    let option = |parser: &mut lexopt::Parser, name: &str| -> Result<Option<PathBuf>, String> {
+        match parser.next().map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some(Long(flag)) if flag == name => match parser.value() {
+                Ok(path) => Ok(Some(PathBuf::from(path))),
+                Err(_) => Err(format!("--{name} needs a path")),
+            },
+            Some(other) => Err(other.unexpected().to_string()),
+        }
+    };
+    let flag = match command.as_str() {
+        "serve" => match option(&mut parser, "config") {
+            Ok(flag) => flag,
+            Err(why) => {
+                eprintln!("containerd-shim-gpuplex-v1 serve: {why}; try --help");
+                return ExitCode::from(2);
+            }
+        },
+        "watchdog" => {
+            return match option(&mut parser, "state-dir") {
+                Ok(Some(dir)) if parser.next().ok().flatten().is_none() => {
+                    gpuplex_shim::service::watchdog::run(dir)
                 }
                 _ => {
                     eprintln!("containerd-shim-gpuplex-v1 watchdog: started by `serve`, as `watchdog --state-dir DIR`");
@@ -43,41 +76,21 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Some("--help" | "-h" | "help") => {
+        "help" => {
             println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Some("--version" | "-v") => {
-            println!("containerd-shim-gpuplex-v1 {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Some(flag) if flag.starts_with('-') => {
-            // containerd calls a shim as `-namespace NS -address A ... start|delete`.
-            gpuplex_shim::task::run();
             return ExitCode::SUCCESS;
         }
         _ => {
             eprintln!("containerd-shim-gpuplex-v1: unknown command {command:?}; try --help");
             return ExitCode::from(2);
         }
-    }
-    let mut flag: Option<PathBuf> = None;
-    while let Some(arg) = args.next() {
-        match arg.to_str() {
-            Some("--config") => match args.next() {
-                Some(p) => flag = Some(PathBuf::from(p)),
-                None => {
-                    eprintln!(
-                        "containerd-shim-gpuplex-v1 serve: --config needs a path; try --help"
-                    );
-                    return ExitCode::from(2);
-                }
-            },
-            _ => {
-                eprintln!("containerd-shim-gpuplex-v1 serve: unknown argument {arg:?}; try --help");
-                return ExitCode::from(2);
-            }
-        }
+    };
+    if let Ok(Some(extra)) = parser.next() {
+        eprintln!(
+            "containerd-shim-gpuplex-v1 serve: {}; try --help",
+            extra.unexpected()
+        );
+        return ExitCode::from(2);
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUPLEX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
