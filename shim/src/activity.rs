@@ -10,7 +10,7 @@
 //! The decisions ([`cpu_has_work`], [`nvml_has_work`]) are pure; [`ActivitySampler`] reads the
 //! counters around them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use gpuplex_scheduler::{GpuIndex, VgpuId};
@@ -130,8 +130,8 @@ impl ActivitySampler {
         nvml: Option<&mut NvmlGpus>,
         now: Instant,
     ) -> Vec<(VgpuId, bool)> {
-        self.last_cpu
-            .retain(|v, _| watched.iter().any(|w| w.vgpu == *v));
+        let sampled: HashSet<VgpuId> = watched.iter().map(|w| w.vgpu).collect();
+        self.last_cpu.retain(|v, _| sampled.contains(v));
         match self.source {
             ActivitySource::Always => watched.iter().map(|w| (w.vgpu, true)).collect(),
             ActivitySource::Cpu => watched

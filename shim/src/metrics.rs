@@ -26,6 +26,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 /// The content type of [`render`]'s output.
@@ -61,10 +62,10 @@ impl Kind {
         }
     }
 
-    fn metric_type(self) -> prometheus_client::metrics::MetricType {
+    fn metric_type(self) -> MetricType {
         match self {
-            Kind::Counter => ConstCounter::new(0u64).metric_type(),
-            Kind::Gauge => ConstGauge::new(0u64).metric_type(),
+            Kind::Counter => MetricType::Counter,
+            Kind::Gauge => MetricType::Gauge,
         }
     }
 }

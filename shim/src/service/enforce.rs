@@ -68,6 +68,19 @@ impl Enforced {
         }
     }
 
+    /// Whether any process is left in its cgroup; `None` (said in the log) when that cannot be
+    /// told.
+    pub fn still_runs(&mut self, vgpu: VgpuId) -> Option<bool> {
+        match self.reader.is_populated() {
+            Ok(populated) => Some(populated),
+            Err(CgroupError::Gone(_)) => Some(false),
+            Err(err) => {
+                tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}");
+                None
+            }
+        }
+    }
+
     /// Seconds frozen so far, the current freeze included.
     pub fn frozen_seconds(&self) -> Duration {
         self.frozen_total + self.frozen_since.map_or(Duration::ZERO, |s| s.elapsed())
@@ -196,13 +209,10 @@ impl Service {
     /// A process of `vgpu`'s container exited: releases it when none is left, else watches
     /// the ones it has now.
     pub(super) fn exit_seen(&mut self, vgpu: VgpuId) {
-        let Some(e) = self.enforced.get_mut(&vgpu) else {
-            return;
-        };
-        match e.reader.is_populated() {
-            Ok(true) => self.watch_exits(vgpu),
-            Ok(false) | Err(CgroupError::Gone(_)) => self.release_exited(vgpu),
-            Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
+        match self.enforced.get_mut(&vgpu).map(|e| e.still_runs(vgpu)) {
+            Some(Some(true)) => self.watch_exits(vgpu),
+            Some(Some(false)) => self.release_exited(vgpu),
+            _ => {}
         }
     }
 

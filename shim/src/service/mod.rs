@@ -367,14 +367,9 @@ impl Service {
         self.keep_watchdog();
         if self.last_exit_sweep.elapsed() >= EXIT_SWEEP {
             self.last_exit_sweep = std::time::Instant::now();
-            let mut exited = Vec::new();
-            for (&vgpu, e) in &mut self.enforced {
-                match e.reader.is_populated() {
-                    Ok(true) => {}
-                    Ok(false) | Err(CgroupError::Gone(_)) => exited.push(vgpu),
-                    Err(err) => tracing::warn!("{vgpu}: cannot tell whether it still runs: {err}"),
-                }
-            }
+            let exited: Vec<VgpuId> = (self.enforced.iter_mut())
+                .filter_map(|(&vgpu, e)| (e.still_runs(vgpu) == Some(false)).then_some(vgpu))
+                .collect();
             for vgpu in exited {
                 self.release_exited(vgpu);
             }
