@@ -69,8 +69,8 @@ bench-deps: test-deps
 
 bench: bench-deps
 	$(CARGO) bench -p gpuplex-scheduler --bench scheduler
-	$(CARGO) bench -p gpuplex-shim --bench node_service
 	$(CARGO) build --release --workspace --locked
+	$(CARGO) bench -p gpuplex-node --bench node_service
 	bash tests/bench_hook.sh
 	bash tests/bench_shim.sh
 

@@ -6,10 +6,13 @@
 //! - [`config`]: `gpuplex.toml` ([`config::NodeConfig`]), where it is
 //!   ([`config::config_path`]), every check of every key;
 //! - [`socket`]: [`NodeClient`], one request line and one reply line at a time, each request
-//!   the core's typed [`gpuplex_scheduler::protocol::Request`].
+//!   the core's typed [`gpuplex_scheduler::protocol::Request`];
+//! - [`identity`]: the vGPU identity files a container sees at `/run/gpuplex/vgpu.json`,
+//!   written by the hook and the shim, removed by them or by the node service.
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod identity;
 pub mod socket;
 
 pub use socket::{ClientError, NodeClient, DEFAULT_SOCKET};

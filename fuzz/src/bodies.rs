@@ -206,7 +206,7 @@ pub fn request_line(data: &[u8]) {
 /// saves and reads back the same (floats to within rounding), with the file left as it was; a
 /// frozen list is read, and saves and reads back the same, or is an error in one line.
 pub fn state_file(data: &[u8]) {
-    use gpuplex_shim::state::StateDir;
+    use gpuplex_node::state::StateDir;
 
     // Round 1: a vGPU's record.
     let dir = tempfile::tempdir().expect("a temporary directory");

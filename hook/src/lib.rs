@@ -5,18 +5,16 @@
 //!   for podman's `precreate` stage and the containerd shim's `Create`;
 //! - [`cdi`]: the CDI edits the node service chose from the GPUs' CDI spec, applied (by the hook
 //!   and the shim) for the assigned GPUs only;
-//! - [`identity`]: the vGPU identity a container sees at `/run/gpuplex/vgpu.json`;
 //! - [`inject`]: what a hook does inside a container that exists already (plain runc and crun
 //!   users): device nodes made in its mount namespace, its device cgroup, the identity;
 //! - [`oci_state`]: the OCI state a runtime hands its hooks;
 //! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop` does.
 //!
-//! It finds and talks to the node service with `gpuplex-client` (the configuration and the
-//! socket's client), as `gpuplexctl` and the containerd shim do.
+//! It finds and talks to the node service with `gpuplex-client` (the configuration, the
+//! socket's client and the identity files), as `gpuplexctl` and the containerd shim do.
 #![deny(missing_docs)]
 
 pub mod cdi;
-pub mod identity;
 pub mod inject;
 pub mod oci_state;
 pub mod spec;

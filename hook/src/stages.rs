@@ -29,10 +29,10 @@ use gpuplex_scheduler::{Handle, VgpuId};
 use serde_json::{json, Value};
 
 use crate::cdi;
-use crate::identity::{self, Identity};
 use crate::inject;
 use crate::oci_state::{BundleConfig, OciState};
 use crate::spec::{self, DeviceNode, HookCommand, Injection};
+use gpuplex_client::identity::{self, Identity};
 
 /// Why a stage failed: one line a podman user can act on.
 #[derive(Debug, thiserror::Error)]

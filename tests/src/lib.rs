@@ -54,7 +54,7 @@ pub fn bin(name: &str) -> PathBuf {
     let crates: &[&str] = match name {
         "gpuplex-hook" => &["scheduler", "client", "cgroup", "hook"],
         "gpuplexctl" => &["scheduler", "client", "ctl"],
-        _ => &["scheduler", "client", "cgroup", "hook", "shim"],
+        _ => &["scheduler", "client", "cgroup", "hook", "node", "shim"],
     };
     for krate in crates {
         if let Some(newer) = newer_than(&root.join(krate).join("src"), built) {

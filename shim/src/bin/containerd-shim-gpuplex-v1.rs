@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpuplex_shim::config::{config_path, NodeConfig, CONFIG_ENV};
+use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
 
 const USAGE: &str = "\
 usage: containerd-shim-gpuplex-v1 serve [--config PATH]
@@ -19,7 +19,7 @@ It stops on SIGTERM or SIGINT, thawing every container it froze.
 
   --config PATH   the configuration (default: $GPUPLEX_CONFIG, else /etc/gpuplex/gpuplex.toml;
                   an absent default file means every default)
-  GPUPLEX_LOG     log filter (default: info; e.g. debug, gpuplex_shim=debug)
+  GPUPLEX_LOG     log filter (default: info; e.g. debug, gpuplex_node=debug)
 
 Exit codes: 0 stopped by a signal, 1 could not start, 2 usage.";
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
         "watchdog" => {
             return match option(&mut parser, "state-dir") {
                 Ok(Some(dir)) if parser.next().ok().flatten().is_none() => {
-                    gpuplex_shim::service::watchdog::run(dir)
+                    gpuplex_node::service::watchdog::run(dir)
                 }
                 _ => {
                     eprintln!("containerd-shim-gpuplex-v1 watchdog: started by `serve`, as `watchdog --state-dir DIR`");
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
             path.display()
         );
     }
-    match gpuplex_shim::service::serve(config) {
+    match gpuplex_node::service::serve(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("containerd-shim-gpuplex-v1: {e}");

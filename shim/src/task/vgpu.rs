@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuplex_client::config::{config_path, CONFIG_ENV};
+use gpuplex_client::identity::{self, Identity};
 use gpuplex_client::NodeClient;
-use gpuplex_hook::identity::{self, Identity};
 use gpuplex_hook::stages::{self, HookContext, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::windows::StopSignal;

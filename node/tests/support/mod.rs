@@ -132,7 +132,7 @@ impl NodeService {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_containerd-shim-gpuplex-v1"))
+        let child = Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
             .args(["serve", "--config"])
             .arg(&self.config)
             .env("GPUPLEX_LOG", "debug")

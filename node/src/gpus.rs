@@ -8,8 +8,8 @@ use gpuplex_cgroup::DeviceNumbers;
 use gpuplex_scheduler::inventory::Gpu;
 use gpuplex_scheduler::GpuIndex;
 
-use crate::config::{ActivityChoice, NodeConfig};
 use crate::nvml::NvmlGpus;
+use gpuplex_client::config::{ActivityChoice, NodeConfig};
 
 /// The NVIDIA character device major number.
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -160,7 +160,7 @@ pub fn char_device(path: &Path) -> Result<(u32, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FakeGpu;
+    use gpuplex_client::config::FakeGpu;
 
     fn with_fake(device: &Path) -> NodeConfig {
         let mut config = NodeConfig::default();

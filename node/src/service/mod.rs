@@ -39,13 +39,13 @@ use gpuplex_scheduler::protocol::{Reply, Request};
 use gpuplex_scheduler::{Instant, VgpuId};
 
 use crate::activity::{ActivitySampler, ActivitySource, Watched};
-use crate::config::NodeConfig;
 use crate::gpus::{self, GpuSource, NodeGpu};
 use crate::state::{
     unix_ms, NodeLock, SavedAccounting, SavedFreezer, SavedFrozen, SavedGpuAccounting,
     SavedVgpuAccounting, StateDir, StateError,
 };
 use gpuplex_cgroup::{CgroupError, Hierarchies};
+use gpuplex_client::config::NodeConfig;
 
 use cdi::CdiSpecs;
 use enforce::Enforced;

@@ -158,7 +158,7 @@ fn a_second_service_on_the_same_node_touches_no_cgroup() {
     });
     let cgroups = three_busy(&service, "second");
     let frozen: Vec<bool> = cgroups.iter().map(TestCgroup::is_frozen).collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_containerd-shim-gpuplex-v1"))
+    let out = Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
         .args(["serve", "--config"])
         .arg(&service.config)
         .output()

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use gpuplex_scheduler::{GpuIndex, VgpuId};
 
-use crate::config::ActivityChoice;
 use crate::nvml::NvmlGpus;
 use gpuplex_cgroup::{CgroupReader, Hierarchies};
+use gpuplex_client::config::ActivityChoice;
 
 /// The activity source in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -109,7 +109,7 @@ fn put(dir: &Path, identity: &Identity, new: bool) -> std::io::Result<PathBuf> {
     options
         .write(true)
         .mode(0o644)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     if new {
         options.create_new(true);
     } else {

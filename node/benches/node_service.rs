@@ -6,7 +6,8 @@
 //! 3. the service's CPU with 10 to 1,000 containers, idle ones on 8 GPUs and busy ones contending
 //!    for one GPU at 200 ms windows.
 //!
-//! `cargo bench -p gpuplex-shim --bench node_service` (or `make bench`). Knobs:
+//! `cargo build --release --workspace` (it runs the service binary, `containerd-shim-gpuplex-v1`),
+//! then `cargo bench -p gpuplex-node --bench node_service` (or `make bench`). Knobs:
 //! GPUPLEX_BENCH_SWITCHES (default 1000), GPUPLEX_BENCH_RTTS (1000), GPUPLEX_BENCH_SECONDS (20, per CPU measurement),
 //! GPUPLEX_BENCH_ONLY (`cost`: only the CPU measurements), GPUPLEX_BENCH_CASE (`8,100,idle`: only
 //! that one).

@@ -554,7 +554,7 @@ fn without_gpus_the_service_starts_and_refuses_registrations() {
     if !can_run("without_gpus_the_service_starts_and_refuses_registrations") {
         return;
     }
-    if gpuplex_shim::nvml::NvmlGpus::load().is_ok() {
+    if gpuplex_node::nvml::NvmlGpus::load().is_ok() {
         eprintln!("SKIPPED: without_gpus_...: NVML loads on this machine");
         return;
     }
@@ -585,7 +585,7 @@ fn a_bad_configuration_stops_the_service_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gpuplex.toml");
     std::fs::write(&config, "[service]\nsample_interval = \"often\"\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_containerd-shim-gpuplex-v1"))
+    let out = std::process::Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
         .args(["serve", "--config"])
         .arg(&config)
         .output()
@@ -597,7 +597,7 @@ fn a_bad_configuration_stops_the_service_with_one_line() {
         stderr.contains("line 2 (service.sample_interval)"),
         "{stderr}"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_containerd-shim-gpuplex-v1"))
+    let out = std::process::Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
         .arg("bogus")
         .output()
         .unwrap();
