@@ -298,7 +298,8 @@ pub fn state_file(data: &[u8]) {
             state
                 .save_frozen(&frozen)
                 .expect("save the frozen list again");
-            assert_eq!(state.load_frozen(), Ok(frozen), "saved and read back");
+            let again = state.load_frozen().expect("read back what was saved");
+            assert_eq!(again, frozen, "saved and read back");
         }
         Err(e) => one_line("StateDir::load_frozen", e),
     }

@@ -17,7 +17,7 @@ mod conflict;
 #[cfg(test)]
 mod tests;
 
-pub use apply::apply;
+pub use apply::{apply, ApplyError};
 pub use conflict::nvidia_runtime_conflict;
 
 /// The OCI hook stages a CDI hook may name.

@@ -148,7 +148,7 @@ pub fn discover(config: &NodeConfig) -> Result<Discovery, GpuError> {
 }
 
 /// The major and minor numbers of a character device node.
-pub fn char_device(path: &Path) -> Result<(u32, u32), String> {
+fn char_device(path: &Path) -> Result<(u32, u32), String> {
     let found = DeviceNumbers::char_device(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "no such file".to_string(),
         _ => e.to_string(),

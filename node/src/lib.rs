@@ -14,10 +14,10 @@
 //! [`service::serve`].
 #![deny(missing_docs)]
 
-pub mod activity;
-pub mod cdi;
-pub mod gpus;
-pub mod metrics;
+mod activity;
+mod cdi;
+mod gpus;
+mod metrics;
 pub mod nvml;
 pub mod service;
 pub mod state;

@@ -31,7 +31,7 @@ use gpuplex_scheduler::quantity::shown;
 use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
 
-use gpuplex_cgroup::{FreezerCgroup, FreezerVersion, Hierarchies};
+use gpuplex_cgroup::{CgroupError, FreezerCgroup, FreezerVersion, Hierarchies};
 
 /// The format version written in each file.
 pub const FORMAT: u32 = 1;
@@ -114,15 +114,14 @@ impl SavedFreezer {
     /// The saved cgroup, resolved again as [`FreezerCgroup::at`] resolves a path (links and
     /// `..` followed, then it must be a freezer cgroup directory below its hierarchy's mount,
     /// not the mount itself), and of the saved version: a state file names no other directory.
-    pub fn resolve(&self, h: &Hierarchies) -> Result<FreezerCgroup, String> {
-        let cgroup = FreezerCgroup::at(&self.path, h).map_err(|e| e.to_string())?;
+    pub fn resolve(&self, h: &Hierarchies) -> Result<FreezerCgroup, SavedCgroupError> {
+        let cgroup = FreezerCgroup::at(&self.path, h)?;
         if cgroup.version().to_string() != self.version {
-            return Err(format!(
-                "{} is a {} freezer cgroup, not {} as saved",
-                self.path.display(),
-                cgroup.version(),
-                self.version
-            ));
+            return Err(SavedCgroupError::Version {
+                path: self.path.clone(),
+                found: cgroup.version(),
+                saved: self.version.clone(),
+            });
         }
         Ok(cgroup)
     }
@@ -216,6 +215,55 @@ pub struct StateError {
     pub path: PathBuf,
     /// Why it failed.
     pub source: std::io::Error,
+}
+
+/// Why a saved cgroup is not taken back.
+#[derive(Debug, thiserror::Error)]
+pub enum SavedCgroupError {
+    /// It is no freezer cgroup below a hierarchy's mount (any more).
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// It is of the other freezer version.
+    #[error("{} is a {found} freezer cgroup, not {} as saved", path.display(), shown(saved))]
+    Version {
+        /// The saved path.
+        path: PathBuf,
+        /// What it is.
+        found: FreezerVersion,
+        /// What the file said.
+        saved: String,
+    },
+}
+
+/// Why the frozen list cannot be read. One line, with the path.
+#[derive(Debug, thiserror::Error)]
+pub enum FrozenListError {
+    /// Not a small regular file that can be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// `state_dir/frozen.json`.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not the JSON of a list.
+    #[error("{}: {}", path.display(), shown(&source.to_string()))]
+    Parse {
+        /// `state_dir/frozen.json`.
+        path: PathBuf,
+        /// serde's line (field names quoted as written, so shown escaped).
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A list of another format.
+    #[error("{}: format {format} is not known (this gpuplex writes {FORMAT})", path.display())]
+    Format {
+        /// `state_dir/frozen.json`.
+        path: PathBuf,
+        /// Its format.
+        format: u32,
+    },
 }
 
 /// The state directory.
@@ -354,23 +402,21 @@ impl StateDir {
 
     /// Reads the list of cgroups the service may have frozen: none when there is no list; an
     /// error (one line) when there is one that cannot be read.
-    pub fn load_frozen(&self) -> Result<SavedFrozen, String> {
+    pub fn load_frozen(&self) -> Result<SavedFrozen, FrozenListError> {
         let path = self.dir.join(FROZEN);
-        let read = match read_file(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SavedFrozen::default()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-            Ok(bytes) => serde_json::from_slice::<SavedFrozen>(&bytes)
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .and_then(|f| match f.format {
-                    FORMAT => Ok(f),
-                    other => Err(format!(
-                        "{}: format {other} is not known (this gpuplex writes {FORMAT})",
-                        path.display()
-                    )),
-                }),
+        let bytes = match read_file(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SavedFrozen::default()),
+            Err(source) => return Err(FrozenListError::Read { path, source }),
+            Ok(bytes) => bytes,
         };
-        // One line: serde's messages quote field names as written.
-        read.map_err(|why| shown(&why).into_owned())
+        match serde_json::from_slice::<SavedFrozen>(&bytes) {
+            Err(source) => Err(FrozenListError::Parse { path, source }),
+            Ok(f) if f.format != FORMAT => Err(FrozenListError::Format {
+                path,
+                format: f.format,
+            }),
+            Ok(f) => Ok(f),
+        }
     }
 
     /// Takes the node: an exclusive lock on `state_dir/lock`, held until the process exits (and
@@ -633,7 +679,7 @@ mod tests {
     fn the_frozen_list_round_trips_and_a_missing_one_is_empty() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
-        assert_eq!(state.load_frozen(), Ok(SavedFrozen::default()));
+        assert_eq!(state.load_frozen().unwrap(), SavedFrozen::default());
         let frozen = SavedFrozen {
             format: FORMAT,
             frozen: vec![SavedFreezer {
@@ -642,10 +688,10 @@ mod tests {
             }],
         };
         state.save_frozen(&frozen).unwrap();
-        assert_eq!(state.load_frozen(), Ok(frozen));
+        assert_eq!(state.load_frozen().unwrap(), frozen);
         assert!(state.load().unwrap().unreadable.is_empty(), "not a record");
         fs::write(dir.path().join(FROZEN), "[").unwrap();
-        let line = state.load_frozen().unwrap_err();
+        let line = state.load_frozen().unwrap_err().to_string();
         assert!(
             line.contains("frozen.json") && !line.contains('\n'),
             "{line}"

@@ -16,6 +16,40 @@ use crate::spec::json::{
 };
 use crate::spec::SpecError;
 
+/// Why CDI edits were not applied; `config.json` is then as it was. One line naming the
+/// device node, hook, entry or field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// An edit CDI does not allow (the line says which, and what is accepted).
+    #[error("{0}")]
+    Invalid(String),
+    /// A device node's host node, where its type and numbers were to come from, cannot be read.
+    #[error("CDI device node {node}: cannot read host node {host}: {source}")]
+    HostNode {
+        /// The node's path in the container.
+        node: String,
+        /// The host node.
+        host: String,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host node is no device node.
+    #[error("CDI device node {node}: cannot read host node {host}: not a device node")]
+    NotADevice {
+        /// The node's path in the container.
+        node: String,
+        /// The host path.
+        host: String,
+    },
+    /// `config.json` is no JSON object.
+    #[error("config.json: not a JSON object (it is {0})")]
+    NotAnObject(&'static str),
+    /// A field the edits go into has the wrong type.
+    #[error(transparent)]
+    Config(#[from] SpecError),
+}
+
 /// What goes into the config, built and checked (host nodes read) before anything changes.
 #[derive(Default)]
 struct Plan {
@@ -33,10 +67,18 @@ struct Plan {
     gids: Vec<u32>,
 }
 
-/// A host node's CDI type (`b`, `c`, `p`) and major and minor numbers (0 for a fifo).
-fn host_node(path: &str) -> Result<(String, i64, i64), String> {
-    let found = DeviceNumbers::of(Path::new(path)).map_err(|err| err.to_string())?;
-    let node = found.ok_or_else(|| "not a device node".to_owned())?;
+/// A host node's CDI type (`b`, `c`, `p`) and major and minor numbers (0 for a fifo), for
+/// the device node at `node` in the container.
+fn host_node(node: &str, host: &str) -> Result<(String, i64, i64), ApplyError> {
+    let found = DeviceNumbers::of(Path::new(host)).map_err(|source| ApplyError::HostNode {
+        node: node.to_owned(),
+        host: host.to_owned(),
+        source,
+    })?;
+    let node = found.ok_or_else(|| ApplyError::NotADevice {
+        node: node.to_owned(),
+        host: host.to_owned(),
+    })?;
     let node_type = match node.kind {
         DeviceKind::Block => "b",
         DeviceKind::Char => "c",
@@ -46,15 +88,15 @@ fn host_node(path: &str) -> Result<(String, i64, i64), String> {
 }
 
 /// The device cgroup access of a node: `rwm` when unset, nothing for `none`.
-fn access(node: &CdiDeviceNode) -> Result<String, String> {
+fn access(node: &CdiDeviceNode) -> Result<String, ApplyError> {
     match node.permissions.as_deref() {
         None | Some("") => Ok("rwm".to_owned()),
         Some("none") => Ok(String::new()),
         Some(perms) if perms.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) => Ok(perms.to_owned()),
-        Some(perms) => Err(format!(
+        Some(perms) => Err(ApplyError::Invalid(format!(
             "CDI device node {}: permissions {perms:?} are not made of r, w and m (or none)",
             node.path
-        )),
+        ))),
     }
 }
 
@@ -69,14 +111,14 @@ fn env_name(entry: &str) -> Option<&str> {
 /// The node's type, major and minor, read from the host node (`host_path`, else `path`) when
 /// the spec leaves them out, as CDI's `fillMissingInfo` does: a node with a type and a major
 /// number, or a fifo, is taken as written.
-fn node_numbers(node: &CdiDeviceNode) -> Result<(String, Option<i64>, Option<i64>), String> {
+fn node_numbers(node: &CdiDeviceNode) -> Result<(String, Option<i64>, Option<i64>), ApplyError> {
     let mut node_type = node.node_type.clone().filter(|t| !t.is_empty());
     if let Some(t) = &node_type {
         if !matches!(t.as_str(), "b" | "c" | "u" | "p") {
-            return Err(format!(
+            return Err(ApplyError::Invalid(format!(
                 "CDI device node {}: type {t:?} is not b, c, u or p",
                 node.path
-            ));
+            )));
         }
     }
     let (mut major, mut minor) = (node.major, node.minor);
@@ -89,19 +131,14 @@ fn node_numbers(node: &CdiDeviceNode) -> Result<(String, Option<i64>, Option<i64
             .as_deref()
             .filter(|host| !host.is_empty())
             .unwrap_or(&node.path);
-        let (found, host_major, host_minor) = host_node(host).map_err(|err| {
-            format!(
-                "CDI device node {}: cannot read host node {host}: {err}",
-                node.path
-            )
-        })?;
+        let (found, host_major, host_minor) = host_node(&node.path, host)?;
         match node_type.as_deref() {
             None => node_type = Some(found.clone()),
             Some(written) if written != found => {
-                return Err(format!(
+                return Err(ApplyError::Invalid(format!(
                     "CDI device node {}: the spec says type {written} but host node {host} is of type {found}",
                     node.path
-                ));
+                )));
             }
             Some(_) => {}
         }
@@ -118,11 +155,13 @@ fn node_numbers(node: &CdiDeviceNode) -> Result<(String, Option<i64>, Option<i64
 }
 
 impl Plan {
-    fn new(config: &Value, edits: &CdiEdits) -> Result<Plan, String> {
+    fn new(config: &Value, edits: &CdiEdits) -> Result<Plan, ApplyError> {
         let mut plan = Plan::default();
         for entry in &edits.env {
             let name = env_name(entry).ok_or_else(|| {
-                format!("CDI env entry {entry:?} is not NAME=value with a non-empty name")
+                ApplyError::Invalid(format!(
+                    "CDI env entry {entry:?} is not NAME=value with a non-empty name"
+                ))
             })?;
             plan.env.push((name.to_owned(), entry.clone()));
         }
@@ -146,9 +185,11 @@ impl Plan {
         node: &CdiDeviceNode,
         uid: Option<u64>,
         gid: Option<u64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         if node.path.is_empty() {
-            return Err("CDI device node with an empty path".to_owned());
+            return Err(ApplyError::Invalid(
+                "CDI device node with an empty path".to_owned(),
+            ));
         }
         let access = access(node)?;
         let (node_type, major, minor) = node_numbers(node)?;
@@ -178,12 +219,12 @@ impl Plan {
         Ok(())
     }
 
-    fn mount(&mut self, mount: &CdiMount) -> Result<(), String> {
+    fn mount(&mut self, mount: &CdiMount) -> Result<(), ApplyError> {
         if mount.host_path.is_empty() || mount.container_path.is_empty() {
-            return Err(format!(
+            return Err(ApplyError::Invalid(format!(
                 "CDI mount {:?} -> {:?}: a path is empty",
                 mount.host_path, mount.container_path
-            ));
+            )));
         }
         let mut entry = Map::new();
         entry.insert("destination".to_owned(), json!(mount.container_path));
@@ -199,23 +240,26 @@ impl Plan {
         Ok(())
     }
 
-    fn hook(&mut self, hook: &CdiHook) -> Result<(), String> {
+    fn hook(&mut self, hook: &CdiHook) -> Result<(), ApplyError> {
         if !HOOK_NAMES.contains(&hook.hook_name.as_str()) {
-            return Err(format!(
+            return Err(ApplyError::Invalid(format!(
                 "CDI hook {}: hookName {:?} is not one of {}",
                 hook.path,
                 hook.hook_name,
                 HOOK_NAMES.join(", ")
-            ));
+            )));
         }
         if hook.path.is_empty() {
-            return Err(format!("CDI {} hook with an empty path", hook.hook_name));
+            return Err(ApplyError::Invalid(format!(
+                "CDI {} hook with an empty path",
+                hook.hook_name
+            )));
         }
         if let Some(entry) = hook.env.iter().find(|entry| env_name(entry).is_none()) {
-            return Err(format!(
+            return Err(ApplyError::Invalid(format!(
                 "CDI hook {}: env entry {entry:?} is not NAME=value with a non-empty name",
                 hook.path
-            ));
+            )));
         }
         let mut entry = Map::new();
         entry.insert("path".to_owned(), json!(hook.path));
@@ -295,13 +339,13 @@ impl Plan {
 /// edits are made on a copy that replaces `config` when all succeeded: on error (a bad field
 /// type in the config, a host node that cannot be read, an edit CDI does not allow) `config`
 /// is left as it was. Applying the same edits twice is applying them once.
-pub fn apply(config: &mut Value, edits: &CdiEdits) -> Result<(), String> {
+pub fn apply(config: &mut Value, edits: &CdiEdits) -> Result<(), ApplyError> {
     let plan = Plan::new(config, edits)?;
     let mut edited = config.clone();
     let root = edited
         .as_object_mut()
-        .ok_or_else(|| format!("config.json: not a JSON object (it is {})", kind(config)))?;
-    plan.write(root).map_err(|e| e.to_string())?;
+        .ok_or_else(|| ApplyError::NotAnObject(kind(config)))?;
+    plan.write(root)?;
     *config = edited;
     Ok(())
 }

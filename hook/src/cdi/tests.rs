@@ -271,7 +271,7 @@ fn apply_is_all_or_nothing() {
     ];
     for (before, edits, message) in cases {
         let mut config = before.clone();
-        let err = apply(&mut config, edits).unwrap_err();
+        let err = apply(&mut config, edits).unwrap_err().to_string();
         assert!(err.starts_with(message), "{err}");
         assert!(!err.contains('\n'), "{err}");
         assert_eq!(config, before, "{message}");

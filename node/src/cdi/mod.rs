@@ -383,6 +383,7 @@ impl CdiRegistry {
     }
 
     /// The kind the registry holds.
+    #[cfg(test)]
     pub fn kind(&self) -> &str {
         &self.kind
     }
@@ -398,6 +399,7 @@ impl CdiRegistry {
     }
 
     /// The device names of the kind, after precedence, sorted.
+    #[cfg(test)]
     pub fn device_names(&self) -> Vec<&str> {
         self.owners.keys().map(String::as_str).collect()
     }

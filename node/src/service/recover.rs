@@ -170,7 +170,10 @@ impl Service {
         let (attachment, cgroup) = match &saved.attachment {
             None => (None, None),
             Some(a) => {
-                let cgroup = a.freezer.resolve(&self.hierarchies)?;
+                let cgroup = a
+                    .freezer
+                    .resolve(&self.hierarchies)
+                    .map_err(|e| e.to_string())?;
                 self.admit(&cgroup)?;
                 if !cgroup.is_populated().unwrap_or(false) {
                     return Err(format!(

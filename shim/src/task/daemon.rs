@@ -28,23 +28,60 @@ use super::shim::GpuplexShim;
 const TASK_V3: &str = "/containerd.task.v3.Task/";
 const TASK_V2: &str = "/containerd.task.v2.Task/";
 
+/// Why the daemon could not serve: one line, on its stderr (which containerd logs).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Its own set-up: signals, the subreaper, the socket.
+    #[error("cannot {action}: {source}")]
+    Io {
+        /// What the daemon was doing.
+        action: String,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// containerd did not say where its events go.
+    #[error("TTRPC_ADDRESS is not set")]
+    NoAddress,
+    /// containerd's events socket cannot be reached.
+    #[error("cannot reach containerd at {address}: {source}")]
+    Containerd {
+        /// `TTRPC_ADDRESS`.
+        address: String,
+        /// Why not.
+        #[source]
+        source: containerd_shim::Error,
+    },
+    /// The ttrpc server would not start.
+    #[error("cannot serve {path}: {source}")]
+    Serve {
+        /// The task socket.
+        path: String,
+        /// Why not.
+        #[source]
+        source: ttrpc::Error,
+    },
+}
+
+fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let action = action.into();
+    move |source| DaemonError::Io { action, source }
+}
+
 /// Serves the task API on `flags.socket` until containerd shuts the shim down.
-pub fn serve(flags: &Flags) -> Result<(), String> {
+pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
     // Before any child exists: every exit reaches the monitor.
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGPIPE, SIGCHLD])
-        .map_err(|e| format!("cannot watch signals: {e}"))?;
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        return Err(format!(
-            "cannot become a subreaper: {}",
-            std::io::Error::from(e)
-        ));
-    }
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGPIPE, SIGCHLD]).map_err(io("watch signals"))?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| io("become a subreaper")(std::io::Error::from(e)))?;
     let _ = containerd_shim::logger::init(flags.debug, "info", &flags.namespace, &flags.id);
 
-    let ttrpc_address =
-        std::env::var("TTRPC_ADDRESS").map_err(|_| "TTRPC_ADDRESS is not set".to_owned())?;
-    let publisher = RemotePublisher::new(&ttrpc_address)
-        .map_err(|e| format!("cannot reach containerd at {ttrpc_address}: {e}"))?;
+    let address = std::env::var("TTRPC_ADDRESS").map_err(|_| DaemonError::NoAddress)?;
+    let publisher = RemotePublisher::new(&address).map_err(|source| DaemonError::Containerd {
+        address: address.clone(),
+        source,
+    })?;
     let mut shim = GpuplexShim::new(super::RUNTIME_ID, flags, &mut Config::default());
     // SIGTERM or SIGINT ends the daemon as a Shutdown would, whatever containers remain (as
     // containerd's runc shim does; containerd cleans up after it with `delete`).
@@ -81,13 +118,15 @@ pub fn serve(flags: &Flags) -> Result<(), String> {
             return Ok(());
         }
     };
+    let serving = |source| DaemonError::Serve {
+        path: path.to_owned(),
+        source,
+    };
     let mut server = Server::new()
         .add_listener(listener.into_raw_fd())
-        .map_err(|e| format!("cannot serve {path}: {e}"))?
+        .map_err(serving)?
         .register_service(methods);
-    server
-        .start()
-        .map_err(|e| format!("cannot serve {path}: {e}"))?;
+    server.start().map_err(serving)?;
     started();
     shim.wait();
     server.shutdown();
@@ -96,10 +135,9 @@ pub fn serve(flags: &Flags) -> Result<(), String> {
 }
 
 /// Binds the socket; `None` when a live server holds it, a stale socket file is replaced.
-fn listen(path: &str) -> Result<Option<UnixListener>, String> {
+fn listen(path: &str) -> Result<Option<UnixListener>, DaemonError> {
     if let Some(parent) = Path::new(path).parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
     }
     match UnixListener::bind(path) {
         Ok(listener) => Ok(Some(listener)),
@@ -110,9 +148,9 @@ fn listen(path: &str) -> Result<Option<UnixListener>, String> {
             let _ = std::fs::remove_file(path);
             UnixListener::bind(path)
                 .map(Some)
-                .map_err(|e| format!("cannot listen on {path}: {e}"))
+                .map_err(io(format!("listen on {path}")))
         }
-        Err(e) => Err(format!("cannot listen on {path}: {e}")),
+        Err(e) => Err(io(format!("listen on {path}"))(e)),
     }
 }
 

@@ -3,6 +3,7 @@
 use containerd_shim::protos::ttrpc::{self, Code};
 
 use super::options::OptionsError;
+use super::vgpu::VgpuError;
 
 /// A failed task request. containerd shows the message to the user (`ctr: ...`), and clients
 /// (containerd's own, the kubelet) match on its code and on some of its words, so both follow
@@ -43,7 +44,7 @@ pub enum TaskError {
     RuncSaid(String),
     /// The vGPU could not be given (a bad annotation, no GPU that fits, no node service).
     #[error("gpuplex: {0}")]
-    Vgpu(String),
+    Vgpu(#[from] VgpuError),
     /// The container was frozen for its next window between the wait for it and `runc exec`;
     /// the exec waits again.
     #[error("{0} was frozen for its next window; try again")]
@@ -101,9 +102,12 @@ mod tests {
             status(TaskError::NotFound("c1".into())),
             (Code::NOT_FOUND, "c1: not found".into())
         );
-        let (code, message) = status(TaskError::Vgpu(
-            "gpuplex.io/weight: 0 is not in 1..=100".into(),
-        ));
+        let (code, message) = status(TaskError::Vgpu(VgpuError::Refused(
+            gpuplex_hook::stages::HookError {
+                stage: "create",
+                message: "gpuplex.io/weight: 0 is not in 1..=100".into(),
+            },
+        )));
         assert_eq!(code, Code::INVALID_ARGUMENT);
         assert!(
             message.starts_with("gpuplex: gpuplex.io/weight"),

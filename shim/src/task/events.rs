@@ -17,15 +17,32 @@ use containerd_shim::Context;
 /// One event: its topic (`/tasks/exit`...) and the message.
 type Event = (&'static str, Box<dyn MessageDyn>);
 
+/// Why an event was not published (it is tried again, then dropped with a log line).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// containerd's events socket cannot be reached.
+    #[error("cannot reach containerd at {address}: {source}")]
+    Unreachable {
+        /// `TTRPC_ADDRESS`.
+        address: String,
+        /// Why not.
+        #[source]
+        source: containerd_shim::Error,
+    },
+    /// containerd did not take the event.
+    #[error(transparent)]
+    Refused(#[from] containerd_shim::Error),
+}
+
 /// Where events go: containerd ([`Remote`]), or a channel in tests.
 pub trait Publish: Send + 'static {
-    /// Publishes one event under `namespace`; the error is one line.
+    /// Publishes one event under `namespace`.
     fn publish(
         &mut self,
         topic: &str,
         namespace: &str,
         event: &dyn MessageDyn,
-    ) -> Result<(), String>;
+    ) -> Result<(), PublishError>;
 }
 
 /// containerd's events service over its ttrpc socket, connected again after a failure.
@@ -53,19 +70,21 @@ impl Publish for Remote {
         topic: &str,
         namespace: &str,
         event: &dyn MessageDyn,
-    ) -> Result<(), String> {
+    ) -> Result<(), PublishError> {
         let client = match self.client.take() {
             Some(client) => client,
-            None => RemotePublisher::new(&self.address)
-                .map_err(|e| format!("cannot reach containerd at {}: {e}", self.address))?,
+            None => {
+                RemotePublisher::new(&self.address).map_err(|source| PublishError::Unreachable {
+                    address: self.address.clone(),
+                    source,
+                })?
+            }
         };
         let ctx = Context {
             timeout_nano: PUBLISH_TIMEOUT.as_nanos() as i64,
             ..Context::default()
         };
-        client
-            .publish(ctx, topic, namespace, event.clone_box())
-            .map_err(|e| e.to_string())?;
+        client.publish(ctx, topic, namespace, event.clone_box())?;
         // Kept only while it works: the next failure connects again.
         self.client = Some(client);
         Ok(())
@@ -163,10 +182,18 @@ mod tests {
     }
 
     impl Publish for Flaky {
-        fn publish(&mut self, topic: &str, _: &str, event: &dyn MessageDyn) -> Result<(), String> {
+        fn publish(
+            &mut self,
+            topic: &str,
+            _: &str,
+            event: &dyn MessageDyn,
+        ) -> Result<(), PublishError> {
             if self.down > 0 {
                 self.down -= 1;
-                return Err("connection closed".into());
+                return Err(PublishError::Unreachable {
+                    address: "/run/containerd/containerd.sock.ttrpc".into(),
+                    source: containerd_shim::Error::Other("connection refused".into()),
+                });
             }
             let exit = event.downcast_ref::<TaskExit>().map(|e| e.id.clone());
             let _ = self

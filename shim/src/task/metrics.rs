@@ -144,18 +144,17 @@ fn v1_metrics(read: impl Fn(&str, &str) -> Option<String>) -> Metrics {
 /// The metrics of the container whose init is `pid` and whose cgroups were `proc_cgroup`
 /// (`/proc/PID/cgroup`, read at create: a v1 container's cgroups are read after its init has
 /// exited too, as runc's shim reads them until `Delete`), packed for `StatsResponse`.
-pub fn of_container(proc_cgroup: &str, pid: u32) -> Result<Any, String> {
+pub fn of_container(proc_cgroup: &str, pid: u32) -> containerd_shim::Result<Any> {
     let dirs = v1_directories_here(proc_cgroup);
     if dirs.contains_key("memory") || dirs.contains_key("cpuacct") {
         let metrics = v1_metrics(|controller, file| {
             std::fs::read_to_string(dirs.get(controller)?.join(file)).ok()
         });
-        return containerd_shim::util::convert_to_any(Box::new(metrics)).map_err(|e| e.to_string());
+        return containerd_shim::util::convert_to_any(Box::new(metrics));
     }
-    let cgroup = containerd_shim::cgroup::get_cgroup(pid).map_err(|e| e.to_string())?;
-    let metrics =
-        containerd_shim::cgroup::collect_metrics_v2(&cgroup).map_err(|e| e.to_string())?;
-    containerd_shim::util::convert_to_any(Box::new(metrics)).map_err(|e| e.to_string())
+    let cgroup = containerd_shim::cgroup::get_cgroup(pid)?;
+    let metrics = containerd_shim::cgroup::collect_metrics_v2(&cgroup)?;
+    containerd_shim::util::convert_to_any(Box::new(metrics))
 }
 
 #[cfg(test)]

@@ -17,20 +17,20 @@
 //! runs it; one with them gets the spec edit of podman's precreate hook
 //! (`gpuplex_hook::stages::precreate`, without the hooks: the shim attaches and releases it).
 
-pub mod container;
-pub mod daemon;
-pub mod error;
-pub mod events;
-pub mod metrics;
-pub mod oom;
-pub mod options;
-pub mod process;
-pub mod runtime;
-pub mod service;
-pub mod shim;
-pub mod spawner;
-pub mod stdio;
-pub mod vgpu;
+mod container;
+mod daemon;
+mod error;
+mod events;
+mod metrics;
+mod oom;
+mod options;
+mod process;
+mod runtime;
+mod service;
+mod shim;
+mod spawner;
+mod stdio;
+mod vgpu;
 
 /// The runtime's name, as containerd's clients ask for it.
 pub const RUNTIME_ID: &str = "io.containerd.gpuplex.v1";

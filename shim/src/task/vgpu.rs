@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use gpuplex_client::config::{config_path, CONFIG_ENV};
 use gpuplex_client::identity::{self, Identity};
-use gpuplex_client::NodeClient;
-use gpuplex_hook::stages::{self, HookContext, Prepared};
+use gpuplex_client::{ClientError, NodeClient};
+use gpuplex_hook::stages::{self, HookContext, HookError, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::{Handle, VgpuId};
@@ -27,6 +27,53 @@ pub fn is_sandbox(config: &[u8]) -> bool {
     serde_json::from_slice::<Value>(config)
         .map(|c| c["annotations"][CONTAINER_TYPE] == "sandbox")
         .unwrap_or(false)
+}
+
+/// Why a container got no vGPU: one line, shown to the containerd user after `gpuplex: `.
+#[derive(Debug, thiserror::Error)]
+pub enum VgpuError {
+    /// gpuplex's configuration is unusable, or the request (its annotations, the node's
+    /// answer) was refused: the hook library's line.
+    #[error("{}", .0.message)]
+    Refused(HookError),
+    /// The shim's own file work (the bundle's config.json, the service's log).
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What the shim was doing.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node service cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] ClientError),
+    /// The node service refused an attach or a hold.
+    #[error("the gpuplex node service did not {action} {id}: {source}")]
+    Node {
+        /// `attach`, `hold` or `let go of`.
+        action: &'static str,
+        /// The container.
+        id: String,
+        /// Its answer.
+        #[source]
+        source: ClientError,
+    },
+    /// The node service could not be started.
+    #[error("cannot start the gpuplex node service: {0}")]
+    Start(#[source] std::io::Error),
+    /// The node service was started but did not answer in time.
+    #[error("the gpuplex node service did not come up on {} within {}s (its log, {}, ends: {last:?}); start it with `systemctl start gpuplex`", socket.display(), SERVICE_START.as_secs(), log.display())]
+    NotUp {
+        /// The node socket.
+        socket: PathBuf,
+        /// The service's log.
+        log: PathBuf,
+        /// Its last line.
+        last: String,
+    },
 }
 
 /// A container's vGPU, as the shim holds it from `Create` to `Delete`.
@@ -46,7 +93,7 @@ const SERVICE_START: Duration = Duration::from_secs(5);
 pub struct NodeLink {
     /// The hook library's context, or why gpuplex's configuration is unusable (which matters
     /// only to containers that ask for a vGPU).
-    ctx: Result<HookContext, String>,
+    ctx: Result<HookContext, HookError>,
     config: PathBuf,
     named: bool,
 }
@@ -57,28 +104,35 @@ impl NodeLink {
     pub fn from_env() -> NodeLink {
         let env = std::env::var_os(CONFIG_ENV);
         let (config, named) = config_path(None, env.as_deref());
-        let ctx = HookContext::from_config("create", named.then_some(config.as_path()))
-            .map(|mut ctx| {
+        let ctx =
+            HookContext::from_config("create", named.then_some(config.as_path())).map(|mut ctx| {
                 // The shim attaches and releases the container itself: no hook in the spec.
                 ctx.hook = None;
                 // Under CRI the pod's name and namespace are CRI's, not the pod's owner's.
                 ctx.pod_from_runtime = true;
                 ctx
-            })
-            .map_err(|e| e.message);
+            });
         NodeLink { ctx, config, named }
     }
 
-    fn ctx(&self) -> Result<&HookContext, String> {
-        self.ctx.as_ref().map_err(Clone::clone)
+    fn ctx(&self) -> Result<&HookContext, VgpuError> {
+        self.ctx.as_ref().map_err(|e| {
+            VgpuError::Refused(HookError {
+                stage: e.stage,
+                message: e.message.clone(),
+            })
+        })
     }
 
     /// If `bundle`'s config.json asks for a vGPU: reserves one, edits config.json in place and
     /// returns the reservation. A config without a `gpuplex.io/` annotation is not touched.
-    pub fn prepare(&self, bundle: &Path) -> Result<Option<Reserved>, String> {
+    pub fn prepare(&self, bundle: &Path) -> Result<Option<Reserved>, VgpuError> {
         let path = bundle.join("config.json");
-        let proposed =
-            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let proposed = std::fs::read(&path).map_err(|source| VgpuError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
         if !stages::concerns_gpuplex("precreate", &proposed) || is_sandbox(&proposed) {
             return Ok(None);
         }
@@ -88,28 +142,36 @@ impl NodeLink {
             config,
             vgpu,
             handle,
-        }) = stages::prepare(ctx, &proposed).map_err(|e| e.message)?
+        }) = stages::prepare(ctx, &proposed).map_err(VgpuError::Refused)?
         else {
             return Ok(None);
         };
         let reserved = Reserved { vgpu, handle };
         let temp = bundle.join(".config.json.gpuplex");
         let written = std::fs::write(&temp, &config).and_then(|()| std::fs::rename(&temp, &path));
-        if let Err(e) = written {
+        if let Err(source) = written {
             let _ = std::fs::remove_file(&temp);
             self.release(&reserved);
-            return Err(format!("cannot write {}: {e}", path.display()));
+            return Err(VgpuError::Io {
+                action: "write",
+                path,
+                source,
+            });
         }
         Ok(Some(reserved))
     }
 
     /// Attaches container `id`, whose init is `pid` (created, not started), to its reservation.
-    pub fn attach(&self, reserved: &Reserved, id: &str, pid: u32) -> Result<(), String> {
+    pub fn attach(&self, reserved: &Reserved, id: &str, pid: u32) -> Result<(), VgpuError> {
         let ctx = self.ctx()?;
-        let mut client = NodeClient::connect(&ctx.socket).map_err(|e| e.to_string())?;
+        let mut client = NodeClient::connect(&ctx.socket)?;
         let vgpu = client
             .attach(&reserved.handle, id, pid, true)
-            .map_err(|e| format!("the gpuplex node service did not attach {id}: {e}"))?;
+            .map_err(|source| VgpuError::Node {
+                action: "attach",
+                id: id.to_owned(),
+                source,
+            })?;
         // The identity now names its container, as under podman.
         let _ = identity::write(&ctx.identity_dir, &Identity::of(&vgpu, &ctx.node));
         Ok(())
@@ -117,13 +179,17 @@ impl NodeLink {
 
     /// Holds container `id` out of scheduling while its user has it paused (`held`), or
     /// lets it back in.
-    pub fn hold(&self, id: &str, held: bool) -> Result<(), String> {
-        let mut client = NodeClient::connect(&self.ctx()?.socket).map_err(|e| e.to_string())?;
+    pub fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError> {
+        let mut client = NodeClient::connect(&self.ctx()?.socket)?;
         let key = ReleaseKey::Container(id.to_owned());
-        client.hold(&key, held).map(drop).map_err(|e| {
-            let what = if held { "hold" } else { "let go of" };
-            format!("the gpuplex node service did not {what} {id}: {e}")
-        })
+        client
+            .hold(&key, held)
+            .map(drop)
+            .map_err(|source| VgpuError::Node {
+                action: if held { "hold" } else { "let go of" },
+                id: id.to_owned(),
+                source,
+            })
     }
 
     /// Tells the node service that container `id` is being sent `signal`, when that is a stop
@@ -171,20 +237,31 @@ impl NodeLink {
     }
 
     /// Connects, or starts `containerd-shim-gpuplex-v1 serve` and waits for it to answer.
-    fn ensure_service(&self, ctx: &HookContext) -> Result<(), String> {
+    fn ensure_service(&self, ctx: &HookContext) -> Result<(), VgpuError> {
         if NodeClient::connect(&ctx.socket).is_ok() {
             return Ok(());
         }
         let dir = ctx.socket.parent().unwrap_or(Path::new("/run/gpuplex"));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| VgpuError::Io {
+            action: "create",
+            path: dir.to_owned(),
+            source,
+        })?;
         let log_path = dir.join("service.log");
+        let io = |action| {
+            let path = log_path.clone();
+            move |source| VgpuError::Io {
+                action,
+                path,
+                source,
+            }
+        };
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+            .map_err(io("open"))?;
+        let exe = std::env::current_exe().map_err(VgpuError::Start)?;
         let mut command = Command::new(exe);
         command.arg("serve");
         if self.named {
@@ -192,12 +269,10 @@ impl NodeLink {
         }
         command
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stdout(log.try_clone().map_err(io("open"))?)
             .stderr(log)
             .process_group(0);
-        command
-            .spawn()
-            .map_err(|e| format!("cannot start the gpuplex node service: {e}"))?;
+        command.spawn().map_err(VgpuError::Start)?;
         let deadline = Instant::now() + SERVICE_START;
         while Instant::now() < deadline {
             if NodeClient::connect(&ctx.socket).is_ok() {
@@ -209,12 +284,11 @@ impl NodeLink {
             .ok()
             .and_then(|t| t.lines().last().map(str::to_owned))
             .unwrap_or_default();
-        Err(format!(
-            "the gpuplex node service did not come up on {} within {}s (its log, {}, ends: {last:?}); start it with `systemctl start gpuplex`",
-            ctx.socket.display(),
-            SERVICE_START.as_secs(),
-            log_path.display()
-        ))
+        Err(VgpuError::NotUp {
+            socket: ctx.socket.clone(),
+            log: log_path,
+            last,
+        })
     }
 }
 

@@ -28,7 +28,7 @@ use oci_spec::runtime::{LinuxResources, Process};
 use runc::options::{CreateOpts, ExecOpts};
 
 use super::TaskService;
-use crate::task::events::{EventSink, Publish};
+use crate::task::events::{EventSink, Publish, PublishError};
 use crate::task::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use crate::task::vgpu::NodeLink;
 
@@ -75,7 +75,12 @@ impl Journal {
 struct Recorder(Arc<Journal>);
 
 impl Publish for Recorder {
-    fn publish(&mut self, topic: &str, _: &str, event: &dyn MessageDyn) -> Result<(), String> {
+    fn publish(
+        &mut self,
+        topic: &str,
+        _: &str,
+        event: &dyn MessageDyn,
+    ) -> Result<(), PublishError> {
         let what = if let Some(exit) = event.downcast_ref::<TaskExit>() {
             format!(" {} {} {}", exit.container_id, exit.id, exit.exit_status)
         } else if let Some(oom) = event.downcast_ref::<TaskOOM>() {
