@@ -259,12 +259,10 @@ impl Drop for NodeService {
 
 /// The v1 freezer state of the cgroup of `pid` (`THAWED`, `FROZEN`, `FREEZING`), if it has one.
 pub fn freezer_state(pid: u32) -> Option<String> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = cgroups
-        .lines()
-        .find_map(|l| l.split_once(":freezer:").map(|(_, p)| p.to_owned()))?;
-    let state = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
-    std::fs::read_to_string(state)
+    let cgroup = gpuplex_cgroup::ProcCgroup::of_pid(pid).ok()?;
+    let mounts = gpuplex_cgroup::CgroupMounts::of_this_process().ok()?;
+    let dir = mounts.v1_dir("freezer", cgroup.freezer()?)?;
+    std::fs::read_to_string(dir.join("freezer.state"))
         .ok()
         .map(|s| s.trim().to_owned())
 }
