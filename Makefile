@@ -51,7 +51,10 @@ test-deps:
 		fi; \
 	fi
 
+# The integration tests run the workspace's binaries (found by gpuplex_integration::bin, which
+# refuses one older than its sources); `cargo test` builds only those of packages with tests/.
 test: test-deps fmt-check clippy
+	$(CARGO) build --workspace --bins --locked
 	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
 
 fmt-check:
