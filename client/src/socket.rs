@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpuplex_scheduler::node::{Attachment, NodeStatus, ReleaseKey, Target};
+use gpuplex_scheduler::node::{Attachment, NodeStatus, Placement, ReleaseKey, Target};
 use gpuplex_scheduler::protocol::{Reply, Request, VgpuReply};
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
@@ -173,6 +173,22 @@ impl NodeClient {
         annotations: &BTreeMap<String, String>,
     ) -> Result<VgpuReply, ClientError> {
         let reply = self.request(&Request::Reserve {
+            annotations: annotations.clone(),
+        })?;
+        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// Pins a vGPU for ResourceClaim `claim` (its uid) where kube-scheduler placed it; the
+    /// reply has its handle and CDI edits, the same for the same claim pinned again.
+    pub fn pin(
+        &mut self,
+        claim: &str,
+        placement: &Placement,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<VgpuReply, ClientError> {
+        let reply = self.request(&Request::Pin {
+            claim: claim.to_owned(),
+            placement: placement.clone(),
             annotations: annotations.clone(),
         })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))

@@ -97,7 +97,10 @@ pub fn render_status(status: &NodeStatus) -> String {
                         row.extend([
                             format!("w={} {}", r.weight, r.priority),
                             bytes(memory),
-                            format!("expires in {}", seconds(r.expires_in_seconds)),
+                            match &r.claim {
+                                Some(claim) => format!("claim {claim}"),
+                                None => format!("expires in {}", seconds(r.expires_in_seconds)),
+                            },
                         ]);
                     }
                     row
@@ -310,6 +313,7 @@ mod tests {
                 weight: 1,
                 priority: Priority::Low,
                 expires_in_seconds: 25.04,
+                claim: None,
             }],
         };
         let expected = "\

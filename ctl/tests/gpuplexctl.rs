@@ -130,6 +130,7 @@ fn node_status() -> NodeStatus {
             weight: 1,
             priority: Priority::Normal,
             expires_in_seconds: 25.0,
+            claim: None,
         }],
     }
 }

@@ -62,6 +62,10 @@ pub struct SavedVgpu {
     /// existed, and written only when true, so that files without a hold keep format 1 as it was.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// The Kubernetes ResourceClaim (uid) it is pinned for: it never lapses, and a restart
+    /// keeps it reserved, attached or not. Written only for a pinned vGPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// A GPU of a saved vGPU.
@@ -577,6 +581,7 @@ mod tests {
                 program: None,
             }),
             held: false,
+            claim: None,
         }
     }
 

@@ -114,8 +114,8 @@ pub enum AssignError {
         /// The GPU listed twice.
         gpu: GpuIndex,
     },
-    /// A restored assignment on a GPU this node does not have.
-    #[error("cannot restore {vgpu} on GPU {gpu}: this node has no GPU {gpu} (its GPUs: {})", list(.node_gpus))]
+    /// A restored (or pinned) assignment on a GPU this node does not have.
+    #[error("cannot place {vgpu} on GPU {gpu}: this node has no GPU {gpu} (its GPUs: {})", list(.node_gpus))]
     UnknownGpu {
         /// The vGPU.
         vgpu: VgpuId,
@@ -124,9 +124,9 @@ pub enum AssignError {
         /// The GPUs the node has.
         node_gpus: Vec<GpuIndex>,
     },
-    /// A restored assignment that would bind more memory than a GPU has unreserved.
+    /// A restored (or pinned) assignment that would bind more memory than a GPU has unreserved.
     #[error(
-        "cannot restore {vgpu}: GPU {gpu} ({model}, {}) has {} unreserved and the assignment holds {} on it",
+        "cannot place {vgpu}: GPU {gpu} ({model}, {}) has {} unreserved and {} is needed there",
         format_bytes(*.capacity), format_bytes(*.unreserved), format_bytes(*.needed)
     )]
     OverCapacity {

@@ -65,6 +65,9 @@ pub struct VgpuRecord {
     pub reserved_at: Instant,
     /// Its container, once attached.
     pub attachment: Option<Attachment>,
+    /// The Kubernetes ResourceClaim (its uid) it was pinned for ([`Node::pin`]): the cluster's
+    /// scheduler chose its GPUs and memory; it never lapses and is released by its claim.
+    pub claim: Option<String>,
 }
 
 /// Which vGPU to release (or hold).
@@ -76,6 +79,8 @@ pub enum ReleaseKey {
     Container(String),
     /// By the handle it was reserved with (what a hook or the shim undoes).
     Handle(Handle),
+    /// By the uid of the ResourceClaim it was pinned for (the DRA driver's unprepare).
+    Claim(String),
 }
 
 /// A released vGPU.
@@ -156,6 +161,28 @@ pub enum NodeError {
         /// The vGPU it is attached to.
         attached: VgpuId,
     },
+    /// No vGPU is pinned for this claim.
+    #[error(
+        "claim {0} has no vGPU on this node (it was never prepared here, or it was unprepared)"
+    )]
+    UnknownClaim(String),
+    /// The claim has a vGPU already, placed otherwise than asked.
+    #[error("claim {claim} is prepared already as {vgpu}, on other GPUs or with other memory; unprepare it first")]
+    ClaimPinned {
+        /// The claim's uid.
+        claim: String,
+        /// Its vGPU.
+        vgpu: VgpuId,
+    },
+    /// A claim uid that cannot name a claim.
+    #[error("`{0}` is not a claim uid: it must be 1 to 128 characters without spaces or control characters")]
+    BadClaimUid(String),
+    /// A pinned placement that names no GPU, a GPU twice, or no memory.
+    #[error("the placement {0}")]
+    BadPlacement(String),
+    /// A claim's annotations name what the placement decides.
+    #[error("{0} is the cluster scheduler's to choose for a claim: its config may not set it")]
+    PlacedByScheduler(&'static str),
     /// A container id that cannot name a container.
     #[error(
         "`{0}` is not a container id: it must be non-empty, without spaces or control characters"
@@ -181,6 +208,7 @@ pub struct Node {
     records: BTreeMap<VgpuId, VgpuRecord>,
     by_container: HashMap<String, VgpuId>,
     by_handle: HashMap<Handle, VgpuId>,
+    by_claim: HashMap<String, VgpuId>,
     /// Reservations no container is attached to yet, by when they were made.
     pending: BTreeSet<(Instant, VgpuId)>,
     /// Attached vGPUs that no sample has reached yet: arrivals about to start work.
@@ -201,6 +229,7 @@ impl Node {
             records: BTreeMap::new(),
             by_container: HashMap::new(),
             by_handle: HashMap::new(),
+            by_claim: HashMap::new(),
             pending: BTreeSet::new(),
             unsampled: HashSet::new(),
             next_id: 1,
@@ -318,6 +347,7 @@ impl Node {
             assignment,
             reserved_at: now,
             attachment: None,
+            claim: None,
         };
         Ok(self.records.entry(id).or_insert(record))
     }
@@ -419,10 +449,14 @@ impl Node {
             ReleaseKey::Vgpu(v) => *v,
             ReleaseKey::Container(c) => *self.by_container.get(c)?,
             ReleaseKey::Handle(h) => *self.by_handle.get(h)?,
+            ReleaseKey::Claim(c) => *self.by_claim.get(c)?,
         };
         let record = self.records.remove(&vgpu)?;
         if let Some(a) = &record.attachment {
             self.by_container.remove(&a.container);
+        }
+        if let Some(claim) = &record.claim {
+            self.by_claim.remove(claim);
         }
         self.by_handle.remove(&record.handle);
         self.unsampled.remove(&vgpu);
@@ -462,6 +496,10 @@ impl Node {
                 .get(c)
                 .ok_or_else(|| NodeError::UnknownContainer(c.clone()))?,
             ReleaseKey::Handle(h) => *self.by_handle.get(h).ok_or(NodeError::UnknownHandle)?,
+            ReleaseKey::Claim(c) => *self
+                .by_claim
+                .get(c)
+                .ok_or_else(|| NodeError::UnknownClaim(c.clone()))?,
         };
         let record = self
             .records
@@ -532,6 +570,15 @@ impl Node {
         if self.by_handle.contains_key(&record.handle) {
             return Err(NodeError::HandleInUse);
         }
+        if let Some(claim) = &record.claim {
+            check_claim_uid(claim)?;
+            if let Some(&pinned) = self.by_claim.get(claim) {
+                return Err(NodeError::ClaimPinned {
+                    claim: claim.clone(),
+                    vgpu: pinned,
+                });
+            }
+        }
         if let Some(a) = &record.attachment {
             check_container_id(&a.container)?;
             if let Some(&attached) = self.by_container.get(&a.container) {
@@ -553,11 +600,14 @@ impl Node {
                 return Err(NodeError::Schedule { vgpu, source });
             }
             self.by_container.insert(a.container.clone(), vgpu);
-        } else {
+        } else if record.claim.is_none() {
             self.pending.insert((record.reserved_at, vgpu));
         }
         self.next_id = self.next_id.max(vgpu.0.saturating_add(1));
         self.by_handle.insert(record.handle, vgpu);
+        if let Some(claim) = &record.claim {
+            self.by_claim.insert(claim.clone(), vgpu);
+        }
         self.records.insert(vgpu, record);
         Ok(())
     }
@@ -580,6 +630,14 @@ fn is_pod_key(key: &str) -> bool {
     POD_NAME_KEYS.contains(&key) || POD_NAMESPACE_KEYS.contains(&key)
 }
 
+fn check_claim_uid(uid: &str) -> Result<(), NodeError> {
+    if uid.is_empty() || uid.len() > 128 || uid.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(NodeError::BadClaimUid(uid.to_string()));
+    }
+    Ok(())
+}
+
 fn check_container_id(id: &str) -> Result<(), NodeError> {
     if id.is_empty() || id.len() > 1024 || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(NodeError::BadContainerId(id.to_string()));
@@ -587,7 +645,9 @@ fn check_container_id(id: &str) -> Result<(), NodeError> {
     Ok(())
 }
 
+mod pinned;
 mod status;
+pub use pinned::Placement;
 pub use status::{ContainerState, ContainerStatus, GpuStatus, NodeStatus, ReservationStatus};
 
 #[cfg(test)]

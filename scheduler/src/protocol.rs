@@ -9,8 +9,16 @@
 //! {"op":"hold","container":"c0ffee"}               (or "vgpu":"vgpu-1")
 //! {"op":"unhold","container":"c0ffee"}             (or "vgpu":"vgpu-1")
 //! {"op":"stopping","container":"c0ffee","signal":"SIGTERM"}   (SIGTERM, SIGINT, SIGQUIT or SIGKILL)
+//! {"op":"pin","claim":"<uid>","gpus":[0],"memory":8589934592,"annotations":{"gpuplex.io/weight":"2"}}
+//! {"op":"release","claim":"<uid>"}
 //! {"op":"status"}
 //! ```
+//!
+//! `pin` is the DRA driver's: kube-scheduler allocated a ResourceClaim (its `uid`) on these
+//! GPUs with this much memory on each, and the node reserves exactly that, never lapsing, until
+//! the claim is released (see [`crate::node::Node::pin`]). Pinning the same claim again, placed
+//! the same way, answers with the same vGPU and its handle: the handle is the claim's, and only
+//! the driver, as root on the node socket, sends `pin` (no hook or shim request makes one).
 //!
 //! `stopping` says a container is being sent a stop signal (the containerd shim's `Kill`): it
 //! is thawed and kept out of windows so that the signal is taken (see
@@ -47,11 +55,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::node::{Attachment, Node, NodeError, NodeStatus, ReleaseKey, Target, VgpuRecord};
+use crate::node::{
+    Attachment, Node, NodeError, NodeStatus, Placement, ReleaseKey, Target, VgpuRecord,
+};
 use crate::quantity::shown;
 use crate::request::Priority;
 use crate::windows::StopSignal;
-use crate::{Handle, Instant, VgpuId};
+use crate::{GpuIndex, Handle, Instant, VgpuId};
 
 pub mod cdi;
 
@@ -61,8 +71,8 @@ use cdi::CdiEdits;
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 8] = [
-    "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "status",
+pub const OPERATIONS: [&str; 9] = [
+    "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "pin", "status",
 ];
 
 /// The signals a `stopping` request names, and what each is to the scheduler; a request is
@@ -116,6 +126,16 @@ pub enum Request {
         /// Which.
         signal: StopSignal,
     },
+    /// Pin a vGPU for a ResourceClaim where the cluster's scheduler placed it.
+    Pin {
+        /// The claim's uid.
+        claim: String,
+        /// Its GPUs and the memory on each.
+        placement: Placement,
+        /// Its weight and priority as annotations (`gpuplex.io/weight`, `gpuplex.io/priority`),
+        /// and its pod's namespace.
+        annotations: BTreeMap<String, String>,
+    },
     /// The node's status.
     Status,
 }
@@ -165,6 +185,17 @@ impl Request {
                     .map(|(name, _)| *name),
                 ..WireRequest::op("stopping").keyed(key)
             },
+            Request::Pin {
+                claim,
+                placement,
+                annotations,
+            } => WireRequest {
+                claim: Some(claim),
+                gpus: Some(placement.gpus.iter().map(|g| g.0).collect()),
+                memory: Some(placement.memory),
+                annotations: Some(annotations),
+                ..WireRequest::op("pin")
+            },
             Request::Status => WireRequest::op("status"),
         }
     }
@@ -196,6 +227,12 @@ struct WireRequest<'a> {
     unstarted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     signal: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpus: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<u64>,
 }
 
 impl<'a> WireRequest<'a> {
@@ -222,6 +259,7 @@ impl<'a> WireRequest<'a> {
             ReleaseKey::Vgpu(vgpu) => self.vgpu = Some(vgpu.to_string()),
             ReleaseKey::Container(container) => self.container = Some(container),
             ReleaseKey::Handle(handle) => self.handle = Some(handle.to_string()),
+            ReleaseKey::Claim(claim) => self.claim = Some(claim),
         }
         self
     }
@@ -242,7 +280,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {}", shown(.0))]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, status", shown(.0))]
+    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, status", shown(.0))]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {}", shown(.message))]
@@ -417,17 +455,18 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
             };
             let f: ReleaseFields =
                 serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
-            let key = match (f.vgpu, f.container, f.handle) {
-                (Some(v), None, None) => {
+            let key = match (f.vgpu, f.container, f.handle, f.claim) {
+                (Some(v), None, None, None) => {
                     ReleaseKey::Vgpu(v.parse().map_err(|e| field(format!("vgpu: {e}")))?)
                 }
-                (None, Some(c), None) => ReleaseKey::Container(c),
-                (None, None, Some(h)) => {
+                (None, Some(c), None, None) => ReleaseKey::Container(c),
+                (None, None, Some(h), None) => {
                     ReleaseKey::Handle(h.parse().map_err(|e| field(format!("handle: {e}")))?)
                 }
+                (None, None, None, Some(c)) => ReleaseKey::Claim(c),
                 _ => {
                     return Err(field(
-                        "give exactly one of `vgpu`, `container` and `handle`".into(),
+                        "give exactly one of `vgpu`, `container`, `handle` and `claim`".into(),
                     ))
                 }
             };
@@ -438,6 +477,17 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                     key,
                     held: op == "hold",
                 },
+            })
+        }
+        "pin" => {
+            let f: PinFields = serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
+            Ok(Request::Pin {
+                claim: f.claim,
+                placement: Placement {
+                    gpus: f.gpus.into_iter().map(GpuIndex).collect(),
+                    memory: f.memory,
+                },
+                annotations: f.annotations,
             })
         }
         _ => {
@@ -520,6 +570,18 @@ struct ReleaseFields {
     container: Option<String>,
     #[serde(default)]
     handle: Option<String>,
+    #[serde(default)]
+    claim: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinFields {
+    claim: String,
+    gpus: Vec<u32>,
+    memory: u64,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -530,14 +592,17 @@ impl Node {
     /// Carries out one request and says how it went; a reservation it makes gets `fresh` as
     /// its handle (the caller's random draw), and only then does the reply carry one.
     pub fn handle(&mut self, request: Request, fresh: Handle, now: Instant) -> Reply {
-        // Only a request that reserves shows a handle, and only the one it reserved with.
-        let reserving = matches!(request, Request::Reserve { .. } | Request::Register { .. });
+        // Only a request that reserves shows a handle, and only the one it reserved with; a pin
+        // shows its claim's (see the module doc).
+        let pinning = matches!(request, Request::Pin { .. });
+        let reserving =
+            pinning || matches!(request, Request::Reserve { .. } | Request::Register { .. });
         let done = |node: &Node, result: Result<VgpuId, NodeError>| match result {
             Ok(vgpu) => Reply {
                 ok: true,
                 vgpu: node.record(vgpu).map(|r| {
                     let mut reply = node.vgpu_reply(r);
-                    if reserving && r.handle == fresh {
+                    if reserving && (r.handle == fresh || pinning) {
                         reply.handle = Some(fresh.to_string());
                     }
                     reply
@@ -588,6 +653,17 @@ impl Node {
                 let result = self.attached(&key).inspect(|&v| {
                     self.stopping(v, signal, now);
                 });
+                done(self, result)
+            }
+            Request::Pin {
+                claim,
+                placement,
+                annotations,
+            } => {
+                let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                let result = self
+                    .pin(&claim, pairs, &placement, fresh, now)
+                    .map(|r| r.id);
                 done(self, result)
             }
             Request::Status => Reply {

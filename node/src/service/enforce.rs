@@ -224,7 +224,25 @@ impl Service {
             .and_then(|r| r.attachment.as_ref())
             .map(|a| a.container.clone())
             .unwrap_or_default();
-        if let Some(released) = self.node.release(&ReleaseKey::Vgpu(vgpu), self.now()) {
+        // A claim's vGPU stays reserved for the claim (the pod's next container attaches);
+        // only its container goes.
+        let now = self.now();
+        if let Some(detached) = self.node.detach(vgpu, now) {
+            tracing::info!(
+                "{vgpu} ({container}): its processes are gone; detached, still pinned for claim {}",
+                detached.record.claim.as_deref().unwrap_or_default()
+            );
+            if let Some(mut e) = self.enforced.remove(&vgpu) {
+                let _ = e.thaw(vgpu);
+                self.record_frozen(&[]);
+            }
+            self.sampler.forget(vgpu);
+            if let Err(e) = self.save_detached(vgpu) {
+                tracing::error!("{vgpu}: {e}; a restart would find its container gone and keep the claim's reservation");
+            }
+            return;
+        }
+        if let Some(released) = self.node.release(&ReleaseKey::Vgpu(vgpu), now) {
             tracing::info!(
                 "{vgpu} ({container}): its processes are gone; released ({:.3} GPU seconds, {} windows)",
                 released.stats.as_ref().map_or(0.0, |s| s.gpu_time.as_secs_f64()),

@@ -19,7 +19,8 @@ use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 use super::enforce::Enforced;
 use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
-use crate::state::{unix_ms, SavedVgpu};
+use crate::state::{unix_ms, SavedAttachment, SavedVgpu};
+use gpuplex_cgroup::FreezerCgroup;
 
 impl Service {
     /// Recovers the saved registrations.
@@ -136,6 +137,37 @@ impl Service {
         }
     }
 
+    /// A saved container's attachment and freezer cgroup, when it still runs there.
+    fn reattach(
+        &self,
+        a: &SavedAttachment,
+    ) -> Result<(Option<Attachment>, Option<FreezerCgroup>), String> {
+        let cgroup = a
+            .freezer
+            .resolve(&self.hierarchies)
+            .map_err(|e| e.to_string())?;
+        self.admit(&cgroup)?;
+        if !cgroup.is_populated().unwrap_or(false) {
+            return Err(format!(
+                "{}: its processes are gone ({} is empty or removed)",
+                a.container,
+                cgroup.path().display()
+            ));
+        }
+        let target = match (a.pid, &a.cgroup) {
+            (Some(pid), _) => Target::Pid(pid),
+            (None, Some(path)) => Target::Cgroup(path.clone()),
+            (None, None) => return Err("its attachment names no pid and no cgroup".into()),
+        };
+        Ok((
+            Some(Attachment {
+                container: a.container.clone(),
+                target,
+            }),
+            Some(cgroup),
+        ))
+    }
+
     fn rebind(&mut self, saved: SavedVgpu) -> Result<(), String> {
         let id: VgpuId = saved
             .vgpu
@@ -167,34 +199,21 @@ impl Service {
                 }
             }
         }
-        let (attachment, cgroup) = match &saved.attachment {
-            None => (None, None),
-            Some(a) => {
-                let cgroup = a
-                    .freezer
-                    .resolve(&self.hierarchies)
-                    .map_err(|e| e.to_string())?;
-                self.admit(&cgroup)?;
-                if !cgroup.is_populated().unwrap_or(false) {
-                    return Err(format!(
-                        "{}: its processes are gone ({} is empty or removed)",
-                        a.container,
-                        cgroup.path().display()
-                    ));
-                }
-                let target = match (a.pid, &a.cgroup) {
-                    (Some(pid), _) => Target::Pid(pid),
-                    (None, Some(path)) => Target::Cgroup(path.clone()),
-                    (None, None) => return Err("its attachment names no pid and no cgroup".into()),
-                };
-                (
-                    Some(Attachment {
-                        container: a.container.clone(),
-                        target,
-                    }),
-                    Some(cgroup),
-                )
+        let attached = match &saved.attachment {
+            None => Ok((None, None)),
+            Some(a) => self.reattach(a),
+        };
+        let (attachment, cgroup) = match attached {
+            Ok(found) => found,
+            // A claim's reservation outlives its container: it stays pinned, unattached.
+            Err(why) if saved.claim.is_some() => {
+                tracing::info!(
+                    "{id}: {why}; still pinned for claim {}",
+                    saved.claim.as_deref().unwrap_or_default()
+                );
+                (None, None)
             }
+            Err(why) => return Err(why),
         };
         // A reservation keeps its age: the time it has left is what it had when the service
         // stopped, less the time the service was down.
@@ -221,6 +240,7 @@ impl Service {
             request,
             reserved_at: now - age,
             attachment: attachment.clone(),
+            claim: saved.claim.clone(),
         };
         self.node.restore(record, now).map_err(|e| e.to_string())?;
         if let Some(cgroup) = cgroup {

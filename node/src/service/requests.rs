@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
+use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::protocol::cdi::CdiEdits;
 use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::{Handle, VgpuId};
@@ -48,6 +48,11 @@ impl Service {
                 attachment,
                 unstarted,
             } => self.register(&annotations, attachment, unstarted),
+            Request::Pin {
+                claim,
+                placement,
+                annotations,
+            } => self.pin(&claim, &placement, &annotations),
         }
     }
 
@@ -89,15 +94,63 @@ impl Service {
         new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
+    /// Pins a vGPU for a ResourceClaim where kube-scheduler placed it, saved before the reply;
+    /// the same claim placed the same way again gets the same vGPU, handle and edits.
+    fn pin(
+        &mut self,
+        claim: &str,
+        placement: &Placement,
+        annotations: &BTreeMap<String, String>,
+    ) -> Reply {
+        if let Some(refused) = self.no_gpu() {
+            return refused;
+        }
+        let fresh = match fresh_handle() {
+            Ok(h) => h,
+            Err(e) => return Reply::error(e),
+        };
+        let now = self.now();
+        let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let (vgpu, handle) = match self.node.pin(claim, pairs, placement, fresh, now) {
+            Ok(record) => (record.id, record.handle),
+            Err(e) => return Reply::error(e),
+        };
+        if handle != fresh {
+            // Pinned before: nothing changes, whatever the CDI spec says now.
+            let gpus = self.gpu_uuids_of(vgpu);
+            let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
+            let cdi = self.cdi.edits_for(&gpus).ok().flatten();
+            return new_vgpu(self.reply(vgpu), handle, cdi);
+        }
+        let cdi = match self.cdi_edits(vgpu) {
+            Ok(cdi) => cdi,
+            Err(refused) => return Reply::error(refused),
+        };
+        if let Err(e) = self.save(vgpu, None) {
+            return Reply::error(e);
+        }
+        tracing::info!(
+            "{vgpu}: pinned for claim {claim} on GPU {}",
+            self.gpus_of(vgpu)
+        );
+        new_vgpu(self.reply(vgpu), handle, cdi)
+    }
+
+    /// A vGPU's GPUs with their UUIDs, as the CDI registry chooses edits for them.
+    fn gpu_uuids_of(&self, vgpu: VgpuId) -> Vec<(u32, String)> {
+        let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
+        assigned
+            .into_iter()
+            .flatten()
+            .filter_map(|&g| Some((g.0, self.node.inventory().gpu(g)?.uuid.clone())))
+            .collect()
+    }
+
     /// The CDI edits for a new vGPU's GPUs; when there are none to be had (a broken spec, one
     /// that disagrees with the GPUs), the vGPU is released and the refusal says why.
     fn cdi_edits(&mut self, vgpu: VgpuId) -> Result<Option<CdiEdits>, String> {
-        let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
-        let gpus: Vec<(u32, &str)> = assigned
-            .into_iter()
-            .flatten()
-            .filter_map(|&g| Some((g.0, self.node.inventory().gpu(g)?.uuid.as_str())))
-            .collect();
+        let gpus = self.gpu_uuids_of(vgpu);
+        let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
         let edits = self.cdi.edits_for(&gpus);
         if edits.is_err() {
             self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
@@ -330,6 +383,12 @@ impl Service {
         saved
     }
 
+    /// Saves a pinned vGPU whose container went: its reservation stays.
+    pub(super) fn save_detached(&mut self, vgpu: VgpuId) -> Result<(), crate::state::StateError> {
+        let saved = self.saved(vgpu, None, false);
+        self.state.save(&saved)
+    }
+
     /// Saves a vGPU's record; on failure releases it and returns the error reply.
     fn save(&mut self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>) -> Result<(), String> {
         let saved = self.saved(vgpu, cgroup, self.node.is_held(vgpu));
@@ -433,6 +492,7 @@ fn saved_vgpu(
             })
         }),
         held,
+        claim: record.claim.clone(),
     }
 }
 

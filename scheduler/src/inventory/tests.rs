@@ -249,7 +249,7 @@ fn restore_binds_known_assignments_and_refuses_the_rest() {
         (2, &[], 1, "lists no GPU"),
         (2, &[1, 1], 1, "lists GPU 1 twice"),
         (2, &[0, 7], 1, "this node has no GPU 7 (its GPUs: 0, 1)"),
-        (2, &[0, 1], 11, "GPU 0 (NVIDIA A100-PCIE-40GB, 40 GiB) has 10 GiB unreserved and the assignment holds 11 GiB on it"),
+        (2, &[0, 1], 11, "GPU 0 (NVIDIA A100-PCIE-40GB, 40 GiB) has 10 GiB unreserved and 11 GiB is needed there"),
     ];
     for (id, gpus, gib, message) in attempts {
         let assignment = Assignment {

@@ -137,8 +137,12 @@ pub struct ReservationStatus {
     pub weight: u32,
     /// Priority class.
     pub priority: Priority,
-    /// Seconds until it lapses unless a container attaches.
+    /// Seconds until it lapses unless a container attaches (0 for a claim's, which never
+    /// lapses).
     pub expires_in_seconds: f64,
+    /// The Kubernetes ResourceClaim (uid) it is pinned for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 impl Node {
@@ -194,7 +198,11 @@ impl Node {
                     memory,
                     weight: r.request.weight,
                     priority: r.request.priority,
-                    expires_in_seconds: lapses_at.saturating_since(now).as_secs_f64(),
+                    expires_in_seconds: match r.claim {
+                        Some(_) => 0.0,
+                        None => lapses_at.saturating_since(now).as_secs_f64(),
+                    },
+                    claim: r.claim.clone(),
                 });
                 continue;
             };

@@ -560,6 +560,9 @@ enum Op {
     ReleaseContainer(u8),
     Hold(u8, bool),
     Observe(u64, bool),
+    Pin(u8, u8, u8),
+    ReleaseClaim(u8),
+    Detach(u64),
     Decide,
     Wait(u64),
 }
@@ -574,6 +577,9 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         (0u8..6).prop_map(Op::ReleaseContainer),
         (0u8..6, any::<bool>()).prop_map(|(c, h)| Op::Hold(c, h)),
         (1u64..12, any::<bool>()).prop_map(|(v, w)| Op::Observe(v, w)),
+        (0u8..4, 1u8..8, 1u8..=45).prop_map(|(c, gpus, g)| Op::Pin(c, gpus, g)),
+        (0u8..4).prop_map(Op::ReleaseClaim),
+        (1u64..12).prop_map(Op::Detach),
         Just(Op::Decide),
         (1u64..40_000).prop_map(Op::Wait),
     ]
@@ -617,6 +623,36 @@ proptest::proptest! {
                 Op::Observe(v, w) => {
                     n.observe(VgpuId(v), w, t);
                 }
+                Op::Pin(c, mask, gib) => {
+                    // GPUs 0..3 as a bit mask, one GPU more than the node has now and then.
+                    let gpus = (0..4).filter(|i| mask & (1 << i) != 0).map(GpuIndex).collect();
+                    let placement = Placement { gpus, memory: u64::from(gib) * GIB };
+                    let claim = format!("claim-{c}");
+                    let before = n.records().count();
+                    match n.pin(&claim, [], &placement, fresh(), t) {
+                        Ok(r) => {
+                            proptest::prop_assert_eq!(r.claim.as_deref(), Some(claim.as_str()));
+                            let mut gpus = placement.gpus.clone();
+                            gpus.sort_unstable();
+                            proptest::prop_assert_eq!(&r.assignment.gpus, &gpus);
+                        }
+                        Err(_) => proptest::prop_assert_eq!(n.records().count(), before),
+                    }
+                }
+                Op::ReleaseClaim(c) => {
+                    let claim = format!("claim-{c}");
+                    let _ = n.release(&ReleaseKey::Claim(claim.clone()), t);
+                    proptest::prop_assert!(n.records().all(|r| r.claim.as_ref() != Some(&claim)));
+                }
+                Op::Detach(v) => {
+                    let pinned = n.record(VgpuId(v)).is_some_and(|r| r.claim.is_some());
+                    let detached = n.detach(VgpuId(v), t);
+                    proptest::prop_assert!(detached.is_none() || pinned);
+                    if pinned {
+                        let r = n.record(VgpuId(v));
+                        proptest::prop_assert!(r.is_some_and(|r| r.attachment.is_none()), "a claim's vGPU went with its container");
+                    }
+                }
                 Op::Decide => {
                     let d = n.decide(t);
                     for a in &d.actions {
@@ -625,10 +661,11 @@ proptest::proptest! {
                     }
                     for r in &d.lapsed {
                         proptest::prop_assert!(r.attachment.is_none());
+                        proptest::prop_assert!(r.claim.is_none(), "a claim's reservation lapsed");
                         proptest::prop_assert!(t >= r.reserved_at + n.config().reservation_ttl);
                     }
                     for r in n.records() {
-                        proptest::prop_assert!(r.attachment.is_some() || t < r.reserved_at + n.config().reservation_ttl);
+                        proptest::prop_assert!(r.attachment.is_some() || r.claim.is_some() || t < r.reserved_at + n.config().reservation_ttl);
                     }
                 }
                 Op::Wait(ms) => now += ms,
@@ -651,6 +688,12 @@ proptest::proptest! {
                 }
             }
             proptest::prop_assert_eq!(n.windows().vgpus().count(), containers.len());
+            let mut claims = std::collections::HashSet::new();
+            for r in n.records() {
+                if let Some(claim) = &r.claim {
+                    proptest::prop_assert!(claims.insert(claim.clone()), "{} pinned twice", claim);
+                }
+            }
         }
     }
 }

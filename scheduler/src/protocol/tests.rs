@@ -207,6 +207,21 @@ fn each_request_is_written_as_the_protocol_says() {
             },
             r#"{"op":"stopping","container":"c1","signal":"SIGKILL"}"#,
         ),
+        (
+            Request::Pin {
+                claim: "7f3c".into(),
+                placement: Placement {
+                    gpus: vec![GpuIndex(1), GpuIndex(0)],
+                    memory: 8 << 30,
+                },
+                annotations: [("gpuplex.io/weight".to_string(), "2".to_string())].into(),
+            },
+            r#"{"op":"pin","annotations":{"gpuplex.io/weight":"2"},"claim":"7f3c","gpus":[1,0],"memory":8589934592}"#,
+        ),
+        (
+            Request::Release(ReleaseKey::Claim("7f3c".into())),
+            r#"{"op":"release","claim":"7f3c"}"#,
+        ),
         (Request::Status, r#"{"op":"status"}"#),
     ];
     for (request, line) in cases {
@@ -231,8 +246,16 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
             any::<u64>().prop_map(|n| ReleaseKey::Vgpu(VgpuId(n))),
             text().prop_map(ReleaseKey::Container),
             handle().prop_map(ReleaseKey::Handle),
+            text().prop_map(ReleaseKey::Claim),
         ]
     };
+    let placement =
+        (proptest::collection::vec(any::<u32>(), 0..4), any::<u64>()).prop_map(|(gpus, memory)| {
+            Placement {
+                gpus: gpus.into_iter().map(GpuIndex).collect(),
+                memory,
+            }
+        });
     let signal = prop_oneof![Just(StopSignal::Graceful), Just(StopSignal::Kill)];
     prop_oneof![
         annotations().prop_map(|annotations| Request::Reserve { annotations }),
@@ -255,6 +278,13 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
         key().prop_map(Request::Release),
         (key(), any::<bool>()).prop_map(|(key, held)| Request::Hold { key, held }),
         (key(), signal).prop_map(|(key, signal)| Request::Stopping { key, signal }),
+        (text(), placement, annotations()).prop_map(|(claim, placement, annotations)| {
+            Request::Pin {
+                claim,
+                placement,
+                annotations,
+            }
+        }),
         Just(Request::Status),
     ]
 }
@@ -273,6 +303,19 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         (
             br#"{"op":"reserve"}"#,
             "reserve: missing field `annotations`",
+        ),
+        (br#"{"op":"pin","gpus":[0],"memory":1}"#, "pin: missing field `claim`"),
+        (
+            br#"{"op":"pin","claim":"c","gpus":[-1],"memory":1}"#,
+            "pin: invalid value",
+        ),
+        (
+            br#"{"op":"pin","claim":"c","gpus":[0],"memory":1,"container":"x"}"#,
+            "pin: unknown field `container`",
+        ),
+        (
+            br#"{"op":"release","claim":"c","container":"x"}"#,
+            "give exactly one of `vgpu`, `container`, `handle` and `claim`",
         ),
         (
             br#"{"op":"reserve","annotations":{"a":1}}"#,
@@ -328,11 +371,11 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"release"}"#,
-            "exactly one of `vgpu`, `container` and `handle`",
+            "exactly one of `vgpu`, `container`, `handle` and `claim`",
         ),
         (
             br#"{"op":"release","handle":"0123456789abcdef0123456789abcdef","container":"c"}"#,
-            "exactly one of `vgpu`, `container` and `handle`",
+            "exactly one of `vgpu`, `container`, `handle` and `claim`",
         ),
         (
             br#"{"op":"release","handle":"vgpu-1"}"#,
@@ -340,11 +383,11 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"hold"}"#,
-            "hold: give exactly one of `vgpu`, `container` and `handle`",
+            "hold: give exactly one of `vgpu`, `container`, `handle` and `claim`",
         ),
         (
             br#"{"op":"unhold","handle":"0123456789abcdef0123456789abcdef","container":"c"}"#,
-            "unhold: give exactly one of `vgpu`, `container` and `handle`",
+            "unhold: give exactly one of `vgpu`, `container`, `handle` and `claim`",
         ),
         (
             br#"{"op":"hold","vgpu":"x"}"#,
@@ -368,7 +411,7 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"pause","container":"c"}"#,
-            "one of reserve, attach, register, release, hold, unhold, stopping, status",
+            "one of reserve, attach, register, release, hold, unhold, stopping, pin, status",
         ),
     ];
     for (line, expected) in cases {
