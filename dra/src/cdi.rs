@@ -1,0 +1,188 @@
+//! A prepared claim's CDI spec: one device, `gpuplex.io/vgpu=<claim uid>`, whose edits are what
+//! podman's precreate gives a container with a vGPU (its GPUs' device nodes and the host's
+//! control nodes, `CUDA_VISIBLE_DEVICES`, the identity mounted read-only) followed by the host
+//! CDI spec's edits for those GPUs, which the node service chose. The runtime (containerd's or
+//! CRI-O's CDI support, podman's `--device`) applies it to each container of the claim.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use gpuplex_hook::spec::{self, DeviceNode};
+use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiMount};
+use gpuplex_scheduler::protocol::VgpuReply;
+use serde_json::{json, Value};
+
+/// The CDI kind of the claims' devices.
+pub const KIND: &str = "gpuplex.io/vgpu";
+
+/// The CDI version written (the oldest that has every field used).
+pub const CDI_VERSION: &str = "0.6.0";
+
+/// Why a claim's spec was not written. One line.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    /// A claim uid that cannot name a CDI device or a file.
+    #[error(
+        "claim uid {0:?} cannot name a CDI device: expected 1 to 64 letters, digits and dashes"
+    )]
+    BadUid(String),
+    /// The node service's reply lacks what the spec needs.
+    #[error("the node service did not say {0}; is it older than this driver?")]
+    Incomplete(&'static str),
+    /// The file could not be written or removed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Checks that a claim uid can name a CDI device and a file (Kubernetes' uids are UUIDs).
+pub fn check_uid(uid: &str) -> Result<(), CdiError> {
+    let fine = !uid.is_empty()
+        && uid.len() <= 64
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !uid.starts_with('-');
+    if fine {
+        Ok(())
+    } else {
+        Err(CdiError::BadUid(uid.to_owned()))
+    }
+}
+
+/// The fully qualified CDI device of claim `uid`.
+pub fn device_id(uid: &str) -> String {
+    format!("{KIND}={uid}")
+}
+
+/// Where claim `uid`'s spec lives in `dir`.
+pub fn spec_path(dir: &Path, uid: &str) -> PathBuf {
+    dir.join(format!("gpuplex.io-vgpu-{uid}.json"))
+}
+
+/// The edits a container of the claim gets: gpuplex's own, as precreate makes them, then the
+/// host spec's for its GPUs. `control` are the host's control nodes (`/dev/nvidiactl`, ...).
+pub fn claim_edits(
+    vgpu: &VgpuReply,
+    identity_file: &Path,
+    control: &[DeviceNode],
+) -> Result<CdiEdits, CdiError> {
+    let mut edits = CdiEdits::default();
+    for gpu in &vgpu.gpus {
+        let device = gpu
+            .device
+            .as_ref()
+            .ok_or(CdiError::Incomplete("which device node each GPU is"))?;
+        let host = Path::new(&device.path);
+        edits.device_nodes.push(CdiDeviceNode {
+            path: spec::container_path_of(host).display().to_string(),
+            host_path: Some(device.path.clone()),
+            node_type: Some("c".into()),
+            major: Some(device.major.into()),
+            minor: Some(device.minor.into()),
+            file_mode: Some(0o666),
+            permissions: Some("rw".into()),
+            ..CdiDeviceNode::default()
+        });
+    }
+    for node in control {
+        edits.device_nodes.push(CdiDeviceNode {
+            path: node.container_path.display().to_string(),
+            host_path: Some(node.host_path.display().to_string()),
+            node_type: Some("c".into()),
+            major: Some(node.major.into()),
+            minor: Some(node.minor.into()),
+            file_mode: Some(node.file_mode),
+            permissions: Some("rw".into()),
+            ..CdiDeviceNode::default()
+        });
+    }
+    let uuids: Vec<&str> = vgpu.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    edits
+        .env
+        .push(format!("{}={}", spec::VISIBLE_DEVICES, uuids.join(",")));
+    edits.mounts.push(CdiMount {
+        host_path: identity_file.display().to_string(),
+        container_path: spec::IDENTITY_PATH.to_owned(),
+        mount_type: Some("bind".into()),
+        options: spec::IDENTITY_MOUNT_OPTIONS
+            .iter()
+            .map(|o| o.to_string())
+            .collect(),
+    });
+    if let Some(host) = &vgpu.cdi {
+        edits.append(host);
+    }
+    Ok(edits)
+}
+
+/// The CDI spec of claim `uid` with `edits`, as JSON.
+pub fn spec_json(uid: &str, edits: &CdiEdits) -> Value {
+    let mut container_edits = serde_json::to_value(edits).expect("CDI edits always serialize");
+    if let Value::Object(fields) = &mut container_edits {
+        // Provenance, not edits; and CDI leaves out what is empty.
+        fields.remove("cdiDevices");
+        fields.remove("specFiles");
+        fields.retain(|_, v| !matches!(v, Value::Array(a) if a.is_empty()));
+    }
+    json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": [{"name": uid, "containerEdits": container_edits}],
+    })
+}
+
+/// Writes claim `uid`'s spec into `dir`: a temporary file renamed over it, so that a runtime
+/// reads the old spec or the new one, never half of one.
+pub fn write(dir: &Path, uid: &str, edits: &CdiEdits) -> Result<PathBuf, CdiError> {
+    check_uid(uid)?;
+    let path = spec_path(dir, uid);
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CdiError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let temp = dir.join(format!(".gpuplex.io-vgpu-{uid}.json.tmp"));
+    let bytes = serde_json::to_vec_pretty(&spec_json(uid, edits)).expect("JSON");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        // A link planted at the temporary name is not followed.
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&temp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
+    if let Err(source) = written.and_then(|()| std::fs::rename(&temp, &path)) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(io("write", &path)(source));
+    }
+    Ok(path)
+}
+
+/// Removes claim `uid`'s spec; one that is not there is removed already.
+pub fn remove(dir: &Path, uid: &str) -> Result<(), CdiError> {
+    check_uid(uid)?;
+    let path = spec_path(dir, uid);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CdiError::Io {
+            action: "remove",
+            path,
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
