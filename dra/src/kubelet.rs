@@ -135,117 +135,69 @@ impl<C: Claims> DraService<C> {
     }
 }
 
-#[tonic::async_trait]
-impl<C: Claims> v1::dra_plugin_server::DraPlugin for DraService<C> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims;
-        let claims = claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let mut response = v1::NodePrepareResourcesResponse::default();
-        for (uid, result) in self.prepare(claims).await {
-            let answer = match result {
-                Ok(devices) => v1::NodePrepareResourceResponse {
-                    devices: devices
-                        .into_iter()
-                        .map(|d| v1::Device {
-                            request_names: vec![d.device.request],
-                            pool_name: d.device.pool,
-                            device_name: d.device.device,
-                            cdi_device_ids: d.cdi_device_ids,
-                        })
-                        .collect(),
-                    error: String::new(),
-                },
-                Err(error) => v1::NodePrepareResourceResponse {
-                    devices: Vec::new(),
-                    error,
-                },
-            };
-            response.claims.insert(uid, answer);
-        }
-        Ok(Response::new(response))
-    }
+/// The DRA service of one API version: the versions' messages are the same, field for field.
+macro_rules! dra_version {
+    ($v:ident) => {
+        #[tonic::async_trait]
+        impl<C: Claims> $v::dra_plugin_server::DraPlugin for DraService<C> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$v::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$v::NodePrepareResourcesResponse>, Status> {
+                let claims = request.into_inner().claims;
+                let claims = claims
+                    .into_iter()
+                    .map(|c| claim_ref(c.namespace, c.name, c.uid))
+                    .collect();
+                let mut response = $v::NodePrepareResourcesResponse::default();
+                for (uid, result) in self.prepare(claims).await {
+                    let answer = match result {
+                        Ok(devices) => $v::NodePrepareResourceResponse {
+                            devices: devices
+                                .into_iter()
+                                .map(|d| $v::Device {
+                                    request_names: vec![d.device.request],
+                                    pool_name: d.device.pool,
+                                    device_name: d.device.device,
+                                    cdi_device_ids: d.cdi_device_ids,
+                                })
+                                .collect(),
+                            error: String::new(),
+                        },
+                        Err(error) => $v::NodePrepareResourceResponse {
+                            devices: Vec::new(),
+                            error,
+                        },
+                    };
+                    response.claims.insert(uid, answer);
+                }
+                Ok(Response::new(response))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims;
-        let claims = claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let mut response = v1::NodeUnprepareResourcesResponse::default();
-        for (uid, error) in self.unprepare(claims).await {
-            let error = error.unwrap_or_default();
-            response
-                .claims
-                .insert(uid, v1::NodeUnprepareResourceResponse { error });
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$v::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$v::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request.into_inner().claims;
+                let claims = claims
+                    .into_iter()
+                    .map(|c| claim_ref(c.namespace, c.name, c.uid))
+                    .collect();
+                let mut response = $v::NodeUnprepareResourcesResponse::default();
+                for (uid, error) in self.unprepare(claims).await {
+                    let error = error.unwrap_or_default();
+                    response
+                        .claims
+                        .insert(uid, $v::NodeUnprepareResourceResponse { error });
+                }
+                Ok(Response::new(response))
+            }
         }
-        Ok(Response::new(response))
-    }
+    };
 }
 
-#[tonic::async_trait]
-impl<C: Claims> v1beta1::dra_plugin_server::DraPlugin for DraService<C> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims;
-        let claims = claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let mut response = v1beta1::NodePrepareResourcesResponse::default();
-        for (uid, result) in self.prepare(claims).await {
-            let answer = match result {
-                Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                    devices: devices
-                        .into_iter()
-                        .map(|d| v1beta1::Device {
-                            request_names: vec![d.device.request],
-                            pool_name: d.device.pool,
-                            device_name: d.device.device,
-                            cdi_device_ids: d.cdi_device_ids,
-                        })
-                        .collect(),
-                    error: String::new(),
-                },
-                Err(error) => v1beta1::NodePrepareResourceResponse {
-                    devices: Vec::new(),
-                    error,
-                },
-            };
-            response.claims.insert(uid, answer);
-        }
-        Ok(Response::new(response))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request.into_inner().claims;
-        let claims = claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let mut response = v1beta1::NodeUnprepareResourcesResponse::default();
-        for (uid, error) in self.unprepare(claims).await {
-            let error = error.unwrap_or_default();
-            response
-                .claims
-                .insert(uid, v1beta1::NodeUnprepareResourceResponse { error });
-        }
-        Ok(Response::new(response))
-    }
-}
+dra_version!(v1);
+dra_version!(v1beta1);
 
 /// Binds a unix socket, replacing a stale file (a socket a previous run left).
 fn bind(path: &Path) -> std::io::Result<UnixListener> {

@@ -68,9 +68,15 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// A source file under `dir` changed after `time`. Unit tests (`tests.rs`, `tests/`) and
+/// fixtures are not built into a binary: a change to them does not make cargo build it again.
 fn newer_than(dir: &Path, time: std::time::SystemTime) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();
+        let name = entry.file_name();
+        if ["tests.rs", "tests", "fixtures"].iter().any(|n| name == *n) {
+            continue;
+        }
         let meta = entry.metadata().ok()?;
         if meta.is_dir() {
             if let Some(found) = newer_than(&path, time) {

@@ -12,7 +12,7 @@ fn at(ms: u64) -> Instant {
     Instant::from_nanos(ms * 1_000_000)
 }
 
-fn node(gpus: u32, policy: AssignmentPolicy) -> Node {
+pub(super) fn node(gpus: u32, policy: AssignmentPolicy) -> Node {
     let gpus = (0..gpus)
         .map(|i| Gpu {
             index: GpuIndex(i),

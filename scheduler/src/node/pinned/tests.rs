@@ -1,10 +1,6 @@
 //! Claims pinned where the cluster's scheduler placed them.
 
-use std::time::Duration;
-
 use super::*;
-use crate::config::SchedulerConfig;
-use crate::inventory::Gpu;
 use crate::node::{Attachment, ReleaseKey, Target};
 
 const GIB: u64 = 1 << 30;
@@ -13,20 +9,9 @@ fn at(secs: u64) -> Instant {
     Instant::from_nanos(secs * 1_000_000_000)
 }
 
+/// Two 40 GiB GPUs, reservations lapsing after 60 s.
 fn node() -> Node {
-    let gpus = (0..2)
-        .map(|i| Gpu {
-            index: GpuIndex(i),
-            uuid: format!("GPU-test-{i}"),
-            model: "NVIDIA A100-SXM4-40GB".into(),
-            memory: 40 * GIB,
-        })
-        .collect();
-    let config = SchedulerConfig {
-        reservation_ttl: Duration::from_secs(60),
-        ..SchedulerConfig::default()
-    };
-    Node::new(gpus, config).unwrap()
+    crate::node::tests::node(2, crate::inventory::AssignmentPolicy::Spread)
 }
 
 fn handle(n: u8) -> Handle {
