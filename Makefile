@@ -118,6 +118,8 @@ install: build
 	install -D -m 0644 config/containerd/config-v2.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v2.toml
 	install -D -m 0644 config/containerd/config-v3.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v3.toml
 	install -D -m 0644 config/kubernetes/runtimeclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/runtimeclass.yaml
+	install -D -m 0644 config/kubernetes/deviceclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/deviceclass.yaml
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/examples config/kubernetes/examples/*.yaml
 	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \

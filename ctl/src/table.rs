@@ -224,6 +224,7 @@ mod tests {
             model: "Fake A100".into(),
             memory: 40 * GIB,
             fake: false,
+            capacity: 0,
             unreserved: 40 * GIB,
             holder: holder.map(String::from),
             busy_seconds: 0.0,

@@ -112,6 +112,7 @@ fn node_status() -> NodeStatus {
             model: "Fake A100".into(),
             memory: 40 * GIB,
             fake: true,
+            capacity: 0,
             unreserved: 20 * GIB,
             holder: Some("job-a".into()),
             busy_seconds: 12.5,

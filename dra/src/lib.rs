@@ -6,6 +6,7 @@
 //! - [`cdi`]: the claim's CDI spec, written where the runtime reads specs;
 //! - [`driver`]: `NodePrepareResources` and `NodeUnprepareResources`, carried out against the
 //!   node service;
+//! - [`slice`]: the ResourceSlice this node publishes: a device per GPU, its memory consumable;
 //! - [`kubelet`]: the kubelet's gRPC APIs (plugin registration, DRA `v1` and `v1beta1`), served
 //!   on unix sockets;
 //! - [`proto`]: the generated protobuf types and services.
@@ -15,6 +16,7 @@ pub mod cdi;
 pub mod claim;
 pub mod driver;
 pub mod kubelet;
+pub mod slice;
 
 /// The kubelet's gRPC APIs, generated from `proto/` (written for gpuplex from the published
 /// API definitions).

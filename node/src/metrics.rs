@@ -300,6 +300,7 @@ mod tests {
             model: "Fake \"A100\"".into(),
             memory: 1000,
             fake: index == 1,
+            capacity: 0,
             unreserved: 400,
             holder: None,
             busy_seconds: 2.5,

@@ -366,6 +366,12 @@ impl Inventory {
         self.position(gpu).map_or(0, |p| self.slots[p].unreserved())
     }
 
+    /// What entitlements may bind on this GPU in all: floor(capacity × `memory_overcommit`); 0
+    /// for a GPU the node does not have.
+    pub fn limit(&self, gpu: GpuIndex) -> u64 {
+        self.position(gpu).map_or(0, |p| self.slots[p].limit)
+    }
+
     /// vGPUs bound to this GPU (0 for a GPU the node does not have).
     pub fn bound(&self, gpu: GpuIndex) -> usize {
         self.position(gpu).map_or(0, |p| self.slots[p].bound)

@@ -46,6 +46,10 @@ pub struct GpuStatus {
     /// Declared in `[[fake_gpu]]` rather than found by NVML (filled by the node service).
     #[serde(default)]
     pub fake: bool,
+    /// What entitlements may hold on it in all, in bytes: its memory × `memory_overcommit`
+    /// (what a cluster scheduler counts). Absent from older services' status: 0.
+    #[serde(default)]
+    pub capacity: u64,
     /// Memory no entitlement holds, in bytes.
     pub unreserved: u64,
     /// The container holding its window.
@@ -165,6 +169,7 @@ impl Node {
                     model: gpu.model.clone(),
                     memory: gpu.memory,
                     fake: false,
+                    capacity: self.inventory.limit(gpu.index),
                     unreserved: self.inventory.unreserved(gpu.index),
                     holder: view
                         .as_ref()
