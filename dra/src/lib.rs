@@ -2,6 +2,7 @@
 //! ResourceClaim kube-scheduler allocated on this node as a vGPU pinned where it was placed, and
 //! gives the kubelet a CDI device for it.
 //!
+//! - [`apiserver`]: claims read from the API server, the slice published, watched and kept;
 //! - [`claim`]: a ResourceClaim read into a placement and a configuration (pure);
 //! - [`cdi`]: the claim's CDI spec, written where the runtime reads specs;
 //! - [`driver`]: `NodePrepareResources` and `NodeUnprepareResources`, carried out against the
@@ -12,6 +13,7 @@
 //! - [`proto`]: the generated protobuf types and services.
 #![deny(missing_docs)]
 
+pub mod apiserver;
 pub mod cdi;
 pub mod claim;
 pub mod driver;
