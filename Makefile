@@ -101,7 +101,8 @@ fuzz:
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: found something in:$$failed (see fuzz/artifacts/)"; exit 1; fi
 
-# Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the hook and its
+# Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the DRA plugin
+# (gpuplex-dra), the Kubernetes manifests, the hook and its
 # podman hooks.d files and runc snippet (under $(PREFIX)/share/gpuplex), the simulator, the
 # systemd unit and the documented configuration (never over an existing one).
 install: build
@@ -109,6 +110,7 @@ install: build
 	install -D -m 0755 target/release/gpuplexctl $(DESTDIR)$(PREFIX)/bin/gpuplexctl
 	install -D -m 0755 target/release/gpuplex-sim $(DESTDIR)$(PREFIX)/bin/gpuplex-sim
 	install -D -m 0755 target/release/gpuplex-hook $(DESTDIR)$(PREFIX)/bin/gpuplex-hook
+	install -D -m 0755 target/release/gpuplex-dra $(DESTDIR)$(PREFIX)/bin/gpuplex-dra
 	mkdir -p $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d
 	for f in config/hooks.d/*.json; do \
 		sed 's|/usr/local/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' $$f \
@@ -119,6 +121,7 @@ install: build
 	install -D -m 0644 config/containerd/config-v3.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v3.toml
 	install -D -m 0644 config/kubernetes/runtimeclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/runtimeclass.yaml
 	install -D -m 0644 config/kubernetes/deviceclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/deviceclass.yaml
+	install -D -m 0644 config/kubernetes/gpuplex.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/gpuplex.yaml
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/examples config/kubernetes/examples/*.yaml
 	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \

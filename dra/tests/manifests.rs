@@ -4,8 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -79,6 +81,12 @@ fn every_shipped_manifest_parses_into_its_type_with_no_unknown_field() {
                 "DeviceClass" => check::<DeviceClass>(&path, written),
                 "ResourceClaimTemplate" => check::<ResourceClaimTemplate>(&path, written),
                 "Pod" => check::<Pod>(&path, written),
+                "Namespace" => check::<Namespace>(&path, written),
+                "ServiceAccount" => check::<ServiceAccount>(&path, written),
+                "ConfigMap" => check::<ConfigMap>(&path, written),
+                "ClusterRole" => check::<ClusterRole>(&path, written),
+                "ClusterRoleBinding" => check::<ClusterRoleBinding>(&path, written),
+                "DaemonSet" => check::<DaemonSet>(&path, written),
                 other => panic!("{}: no test knows kind {other:?}", path.display()),
             }
         }
