@@ -5,6 +5,9 @@
 
 #[path = "../../node/tests/support/mod.rs"]
 mod support;
+mod unix_grpc;
+
+use unix_grpc::channel;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +22,6 @@ use gpuplex_dra::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 use support::*;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 const GIB: u64 = 1 << 30;
 
@@ -55,20 +57,6 @@ fn allocated(name: &str, uid: &str, device: &str, memory: &str) -> ResourceClaim
         }}},
     }))
     .unwrap()
-}
-
-async fn channel(socket: &Path) -> Channel {
-    let socket = socket.to_path_buf();
-    Endpoint::from_static("http://[::1]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .expect("the plugin's socket answers")
 }
 
 fn claim(name: &str, uid: &str) -> (String, String, String) {
@@ -144,7 +132,8 @@ fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
         })
     };
     runtime.block_on(async {
-        for _ in 0..100 {
+        // Up to 10 s: the plugin's start on a loaded machine.
+        for _ in 0..500 {
             if sockets.registration.exists() && sockets.dra.exists() {
                 break;
             }

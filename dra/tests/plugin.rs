@@ -6,6 +6,9 @@
 mod kube_api;
 #[path = "../../node/tests/support/mod.rs"]
 mod support;
+mod unix_grpc;
+
+use unix_grpc::channel;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,24 +21,9 @@ use gpuplex_dra::proto::registration::InfoRequest;
 use kube_api::{kubeconfig, start, State};
 use serde_json::json;
 use support::{can_run, NodeService, Setup};
-use tonic::transport::{Endpoint, Uri};
 
 const GIB: u64 = 1 << 30;
 const UID: &str = "4f1c9a2e-0000-4000-8000-000000000001";
-
-async fn channel(socket: &Path) -> tonic::transport::Channel {
-    let socket = socket.to_path_buf();
-    Endpoint::from_static("http://[::1]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .expect("the plugin's socket answers")
-}
 
 #[test]
 fn the_plugin_publishes_the_nodes_gpus_registers_and_prepares_a_claim() {
@@ -88,7 +76,8 @@ fn the_plugin_publishes_the_nodes_gpus_registers_and_prepares_a_claim() {
         .spawn()
         .unwrap();
     let registration = registry.join("gpuplex.io-reg.sock");
-    let published = (0..250).any(|_| {
+    // Up to 20 s: the binary's start, its first status read and publish on a loaded machine.
+    let published = (0..1000).any(|_| {
         std::thread::sleep(Duration::from_millis(20));
         registration.exists()
             && state
@@ -97,7 +86,7 @@ fn the_plugin_publishes_the_nodes_gpus_registers_and_prepares_a_claim() {
                 .slices
                 .contains_key("testnode-gpuplex.io")
     });
-    assert!(published, "no slice and registration socket after 5 s");
+    assert!(published, "no slice and registration socket after 20 s");
     let slice = state.lock().unwrap().slices["testnode-gpuplex.io"].clone();
     assert_eq!(slice["spec"]["nodeName"], "testnode");
     assert_eq!(slice["spec"]["devices"][1]["name"], "gpu-1");

@@ -77,13 +77,11 @@ impl Node {
         }
         let mut kept = BTreeMap::new();
         for (key, value) in annotations {
-            if [GPUS, GPU_MEMORY, GPU_MODEL].contains(&key) {
-                return Err(NodeError::PlacedByScheduler(
-                    [GPUS, GPU_MEMORY, GPU_MODEL]
-                        .into_iter()
-                        .find(|k| *k == key)
-                        .expect("checked"),
-                ));
+            if let Some(placed) = [GPUS, GPU_MEMORY, GPU_MODEL]
+                .into_iter()
+                .find(|k| *k == key)
+            {
+                return Err(NodeError::PlacedByScheduler(placed));
             }
             if key.starts_with(crate::request::PREFIX) || is_pod_key(key) {
                 kept.insert(key.to_owned(), value.to_owned());

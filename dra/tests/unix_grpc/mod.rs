@@ -1,0 +1,22 @@
+//! What the tests that play the kubelet share: a gRPC channel over a unix socket, as the
+//! kubelet dials a plugin.
+
+use std::path::Path;
+
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A channel to the gRPC server on `socket`.
+pub async fn channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    // The URI is a placeholder: the connector dials the socket.
+    Endpoint::from_static("http://[::1]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("the plugin's socket answers")
+}
