@@ -83,13 +83,14 @@ pub fn nvml_observation(busy: bool, since_thaw: Option<Duration>, lag: Duration)
     }
 }
 
-/// An attached container, as the sampler sees it.
+/// An attached vGPU, as the sampler sees it: it has work when any of its containers has.
 #[derive(Debug)]
 pub struct Watched<'a> {
     /// Its vGPU.
     pub vgpu: VgpuId,
-    /// Its freezer cgroup's files.
-    pub reader: &'a mut CgroupReader,
+    /// Its containers' freezer cgroups' files (one, or the containers sharing a claim's vGPU);
+    /// never empty.
+    pub readers: Vec<&'a mut CgroupReader>,
     /// Its GPUs.
     pub gpus: &'a [GpuIndex],
     /// When it was last thawed, if ever.
@@ -100,7 +101,7 @@ pub struct Watched<'a> {
 #[derive(Debug)]
 pub struct ActivitySampler {
     source: ActivitySource,
-    last_cpu: HashMap<VgpuId, (Duration, Instant)>,
+    last_cpu: HashMap<VgpuId, (Duration, Instant, usize)>,
     nvml_warned: bool,
 }
 
@@ -137,9 +138,15 @@ impl ActivitySampler {
             ActivitySource::Cpu => watched
                 .iter_mut()
                 .filter_map(|w| {
-                    let used = w.reader.cpu_time(hierarchies).ok()?;
-                    let previous = self.last_cpu.insert(w.vgpu, (used, now));
-                    let (before, at) = previous?;
+                    // The containers' CPU time together; a container joining or leaving starts
+                    // the comparison over.
+                    let mut used = Duration::ZERO;
+                    for reader in &mut w.readers {
+                        used += reader.cpu_time(hierarchies).ok()?;
+                    }
+                    let count = w.readers.len();
+                    let previous = self.last_cpu.insert(w.vgpu, (used, now, count));
+                    let (before, at, _) = previous.filter(|p| p.2 == count)?;
                     Some((
                         w.vgpu,
                         cpu_has_work(used.saturating_sub(before), now.duration_since(at)),
@@ -181,11 +188,12 @@ impl ActivitySampler {
                             .gpus
                             .iter()
                             .any(|g| busy.get(g).is_some_and(|b| !b.is_empty()));
-                        let pids = if contended {
-                            w.reader.pids().ok()?
-                        } else {
-                            Vec::new()
-                        };
+                        let mut pids = Vec::new();
+                        if contended {
+                            for reader in &mut w.readers {
+                                pids.extend(reader.pids().ok()?);
+                            }
+                        }
                         let work = nvml_has_work(&pids, w.gpus, &busy);
                         let since_thaw = w.thawed_at.map(|t| now.saturating_duration_since(t));
                         Some((w.vgpu, nvml_observation(work, since_thaw, lag)?))
@@ -282,7 +290,7 @@ mod tests {
         let gpus = [GpuIndex(0)];
         let mut watched = [Watched {
             vgpu: VgpuId(1),
-            reader: &mut reader,
+            readers: vec![&mut reader],
             gpus: &gpus,
             thawed_at: None,
         }];

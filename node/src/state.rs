@@ -57,6 +57,10 @@ pub struct SavedVgpu {
     pub reserved_at_unix_ms: u64,
     /// Its container, once attached.
     pub attachment: Option<SavedAttachment>,
+    /// The other containers of a claim's pod attached to it, which share it. Written only when
+    /// there are any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SavedAttachment>,
     /// Its container is held: its user paused it (`ctr task pause`), so a restart must not thaw
     /// it, and it rejoins the scheduler held. Absent (false) in files written before holds
     /// existed, and written only when true, so that files without a hold keep format 1 as it was.
@@ -580,6 +584,7 @@ mod tests {
                 },
                 program: None,
             }),
+            shared: Vec::new(),
             held: false,
             claim: None,
         }

@@ -162,3 +162,132 @@ fn a_claim_that_no_longer_fits_is_refused_in_one_line_leaving_nothing() {
     assert_eq!(status["gpus"][0]["unreserved"], json!(2 * GIB));
     assert_eq!(state_files(&service), files);
 }
+
+/// Samples the freezer state of `group` and `other` together for `span`: how many samples,
+/// how many with `group` frozen, and how many with the two differing.
+fn frozen_together(group: &TestCgroup, other: &TestCgroup, span: Duration) -> (u32, u32, u32) {
+    let (mut samples, mut frozen, mut apart) = (0, 0, 0);
+    let end = std::time::Instant::now() + span;
+    while std::time::Instant::now() < end {
+        let (a, b) = (group.is_frozen(), other.is_frozen());
+        samples += 1;
+        frozen += u32::from(a);
+        apart += u32::from(a != b);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (samples, frozen, apart)
+}
+
+#[test]
+fn the_containers_of_a_pod_share_its_claims_vgpu_freeze_together_and_come_back_after_a_kill_9() {
+    if !can_run("the_containers_of_a_pod_share_its_claims_vgpu_freeze_together_and_come_back_after_a_kill_9") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup::default());
+    let pinned = pin(&service, "uid-pod", &[0], 4);
+    assert_eq!(pinned["ok"], true, "{pinned}");
+    let vgpu = pinned["vgpu"]["id"].clone();
+    let handle = pinned["vgpu"]["handle"].as_str().unwrap().to_owned();
+    let attach = |container: &str, group: &TestCgroup| {
+        service.ask(&json!({
+            "op": "attach", "handle": handle, "container": container,
+            "cgroup": group.path.to_str().unwrap(),
+        }))
+    };
+    let mut app = TestCgroup::new(V1, "pod-app");
+    let mut sidecar = TestCgroup::new(V1, "pod-sidecar");
+    app.spawn_busy();
+    sidecar.spawn_busy();
+    for (container, group) in [("app", &app), ("sidecar", &sidecar)] {
+        let reply = attach(container, group);
+        assert_eq!(reply["vgpu"]["id"], vgpu, "{reply}");
+    }
+    // A neighbour on the same GPU, outside the claim: the pod's two containers take their
+    // windows together against it.
+    let mut neighbour = TestCgroup::new(V1, "pod-neighbour");
+    neighbour.spawn_busy();
+    let registered = service.register(
+        "neighbour",
+        &neighbour,
+        json!({"gpuplex.io/gpu-memory": "1Gi"}),
+    );
+    assert_eq!(registered["ok"], true, "{registered}");
+    let (samples, frozen, apart) = frozen_together(&app, &sidecar, Duration::from_secs(3));
+    eprintln!("{samples} samples: app frozen in {frozen}, app and sidecar apart in {apart}");
+    assert!(
+        frozen * 5 > samples,
+        "the pod was hardly ever frozen: {frozen} of {samples}"
+    );
+    assert!(
+        frozen * 5 < samples * 4,
+        "the pod was hardly ever running: {frozen} of {samples}"
+    );
+    assert!(
+        apart * 20 < samples,
+        "app and sidecar froze apart in {apart} of {samples} samples"
+    );
+    let status = service.status();
+    let states: Vec<&Value> = ["app", "sidecar"]
+        .iter()
+        .map(|c| {
+            &status["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["id"] == *c)
+                .unwrap()["vgpu"]
+        })
+        .collect();
+    assert_eq!(states, [&vgpu, &vgpu], "{status}");
+
+    // Pausing one of them cannot take the vGPU out of the other's windows: one line, no change.
+    let held = service.ask(&json!({"op": "hold", "container": "app"}));
+    assert_eq!(held["ok"], false, "{held}");
+    assert!(
+        held["error"]
+            .as_str()
+            .unwrap()
+            .contains("shared by 2 containers of claim uid-pod"),
+        "{held}"
+    );
+    // A container's runtime cannot release the claim's vGPU, by container or by handle.
+    for key in [json!({"container": "app"}), json!({"handle": handle})] {
+        let mut request = key.clone();
+        request["op"] = json!("release");
+        assert_eq!(service.ask(&request), json!({"ok": true}), "{key}");
+    }
+    assert!(service.container("app").is_some());
+
+    // kill -9 of the service: both come back attached, thawed, and share the vGPU again.
+    service.kill9();
+    service.spawn();
+    for c in ["app", "sidecar"] {
+        let found = service
+            .container(c)
+            .unwrap_or_else(|| panic!("{c} was not recovered"));
+        assert_eq!(found["vgpu"], vgpu);
+    }
+    let (samples, frozen, apart) = frozen_together(&app, &sidecar, Duration::from_secs(2));
+    assert!(
+        frozen * 5 > samples && apart * 20 < samples,
+        "after the restart: {frozen} frozen, {apart} apart of {samples}"
+    );
+
+    // The sidecar exits: the app keeps the vGPU and its windows; the claim keeps its memory.
+    sidecar.kill_all();
+    wait_until(Duration::from_secs(3), || {
+        service.container("sidecar").is_none()
+    })
+    .expect("the sidecar was let go");
+    assert!(!sidecar.is_frozen());
+    assert_eq!(service.container("app").unwrap()["vgpu"], vgpu);
+    wait_until(Duration::from_secs(3), || app.is_frozen()).expect("the app still takes windows");
+    // Unprepare: the claim goes with its container, thawed.
+    let released = service.ask(&json!({"op": "release", "claim": "uid-pod"}));
+    assert_eq!(released["vgpu"]["id"], vgpu, "{released}");
+    assert!(!app.is_frozen());
+    assert!(service.container("app").is_none());
+    app.kill_all();
+    neighbour.kill_all();
+}

@@ -63,12 +63,29 @@ pub struct VgpuRecord {
     pub assignment: Assignment,
     /// When it was reserved.
     pub reserved_at: Instant,
-    /// Its container, once attached.
-    pub attachment: Option<Attachment>,
+    /// Its containers, once attached: one, except for a claim's vGPU, which the containers of
+    /// its pod share ([`Node::pin`]); they take its windows together.
+    pub attachments: Vec<Attachment>,
     /// The Kubernetes ResourceClaim (its uid) it was pinned for ([`Node::pin`]): the cluster's
     /// scheduler chose its GPUs and memory; it never lapses and is released by its claim.
     pub claim: Option<String>,
 }
+
+impl VgpuRecord {
+    /// Its first container (its only one unless it is a claim's), once attached.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        self.attachments.first()
+    }
+
+    /// Its containers' ids, in the order they attached.
+    pub fn containers(&self) -> impl Iterator<Item = &str> {
+        self.attachments.iter().map(|a| a.container.as_str())
+    }
+}
+
+/// How many containers may share one claim's vGPU (the containers of a pod; Kubernetes has no
+/// hard limit, but a pod of more is no pod gpuplex can schedule well).
+pub const MAX_SHARING: usize = 32;
 
 /// Which vGPU to release (or hold).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +159,24 @@ pub enum NodeError {
     /// The vGPU has no container yet (a hold is a container's).
     #[error("{0} has no container attached yet: only an attached container can be held")]
     NotAttached(VgpuId),
+    /// A claim's vGPU has [`MAX_SHARING`] containers already.
+    #[error("{vgpu} (claim {claim}) has {MAX_SHARING} containers attached already, the most that may share a claim's vGPU")]
+    SharedTooWidely {
+        /// The vGPU.
+        vgpu: VgpuId,
+        /// Its claim.
+        claim: String,
+    },
+    /// Its user paused one of several containers sharing a claim's vGPU.
+    #[error("{vgpu} is shared by {count} containers of claim {claim}: gpuplex holds a vGPU out of its windows only when one container has it")]
+    HoldShared {
+        /// The vGPU.
+        vgpu: VgpuId,
+        /// Its claim.
+        claim: String,
+        /// How many containers share it.
+        count: usize,
+    },
     /// The vGPU is attached to another container.
     #[error("{vgpu} is attached to container {attached}, not {container}")]
     AttachedElsewhere {
@@ -346,14 +381,16 @@ impl Node {
             request,
             assignment,
             reserved_at: now,
-            attachment: None,
+            attachments: Vec::new(),
             claim: None,
         };
         Ok(self.records.entry(id).or_insert(record))
     }
 
     /// Attaches a container to the reservation made with `handle` and starts scheduling it.
-    /// Attaching the same container again returns the same record.
+    /// Attaching the same container again returns the same record. A claim's vGPU takes more
+    /// containers (its pod's, up to [`MAX_SHARING`]): they share it and its windows; any other
+    /// vGPU has one.
     pub fn attach(
         &mut self,
         handle: &Handle,
@@ -375,39 +412,46 @@ impl Node {
             .records
             .get(&vgpu)
             .ok_or(NodeError::UnknownVgpu(vgpu))?;
-        match (
-            &record.attachment,
-            self.by_container.get(&attachment.container),
-        ) {
-            (Some(a), _) if a.container == attachment.container => return Ok(&self.records[&vgpu]),
-            (Some(a), _) => {
+        if record.containers().any(|c| c == attachment.container) {
+            return Ok(&self.records[&vgpu]);
+        }
+        match (&record.claim, record.attachment()) {
+            (None, Some(a)) => {
                 return Err(NodeError::AttachedElsewhere {
                     vgpu,
                     attached: a.container.clone(),
                     container: attachment.container,
                 })
             }
-            (None, Some(&attached)) => {
-                return Err(NodeError::ContainerAttached {
-                    container: attachment.container,
-                    attached,
+            (Some(claim), _) if record.attachments.len() >= MAX_SHARING => {
+                return Err(NodeError::SharedTooWidely {
+                    vgpu,
+                    claim: claim.clone(),
                 })
             }
-            (None, None) => {}
+            _ => {}
         }
-        let binding = Binding {
-            gpus: record.assignment.gpus.clone(),
-            weight: record.request.weight,
-            priority: record.request.priority,
-        };
-        self.windows
-            .bind(vgpu, binding, now)
-            .map_err(|source| NodeError::Schedule { vgpu, source })?;
+        if let Some(&attached) = self.by_container.get(&attachment.container) {
+            return Err(NodeError::ContainerAttached {
+                container: attachment.container,
+                attached,
+            });
+        }
+        if record.attachments.is_empty() {
+            let binding = Binding {
+                gpus: record.assignment.gpus.clone(),
+                weight: record.request.weight,
+                priority: record.request.priority,
+            };
+            self.windows
+                .bind(vgpu, binding, now)
+                .map_err(|source| NodeError::Schedule { vgpu, source })?;
+            self.unsampled.insert(vgpu);
+            self.pending.remove(&(record.reserved_at, vgpu));
+        }
         self.by_container.insert(attachment.container.clone(), vgpu);
-        self.unsampled.insert(vgpu);
-        self.pending.remove(&(record.reserved_at, vgpu));
         let record = self.records.get_mut(&vgpu).expect("checked above");
-        record.attachment = Some(attachment);
+        record.attachments.push(attachment);
         Ok(record)
     }
 
@@ -425,7 +469,7 @@ impl Node {
         check_container_id(&attachment.container)?;
         if let Some(&vgpu) = self.by_container.get(&attachment.container) {
             let record = &self.records[&vgpu];
-            if record.attachment.as_ref() == Some(&attachment) {
+            if record.attachments.contains(&attachment) {
                 return Ok(record);
             }
             return Err(NodeError::ContainerAttached {
@@ -443,7 +487,9 @@ impl Node {
         }
     }
 
-    /// Releases a vGPU (by its id or its container's); `None` when there is none.
+    /// Releases a vGPU (by its id, its container's, its handle or its claim); `None` when there
+    /// is none. A claim's vGPU is its claim's: only its claim or its id releases it, never one
+    /// of its containers or its handle (see [`Node::detach`] for a container that goes).
     pub fn release(&mut self, key: &ReleaseKey, now: Instant) -> Option<Released> {
         let vgpu = match key {
             ReleaseKey::Vgpu(v) => *v,
@@ -451,9 +497,13 @@ impl Node {
             ReleaseKey::Handle(h) => *self.by_handle.get(h)?,
             ReleaseKey::Claim(c) => *self.by_claim.get(c)?,
         };
+        let by_its_user = matches!(key, ReleaseKey::Container(_) | ReleaseKey::Handle(_));
+        if by_its_user && self.records.get(&vgpu)?.claim.is_some() {
+            return None;
+        }
         let record = self.records.remove(&vgpu)?;
-        if let Some(a) = &record.attachment {
-            self.by_container.remove(&a.container);
+        for container in record.containers() {
+            self.by_container.remove(container);
         }
         if let Some(claim) = &record.claim {
             self.by_claim.remove(claim);
@@ -472,17 +522,34 @@ impl Node {
 
     /// Holds an attached vGPU's container (`held`: its user paused it) or releases the hold
     /// (its user resumed it), by vGPU id or container id; see [`WindowScheduler::hold`].
-    /// Idempotent. Refused for an unknown vGPU or container, or a reservation with no container.
+    /// Idempotent. Refused for an unknown vGPU or container, a reservation with no container,
+    /// and a hold of a claim's vGPU that several containers share (pausing one of them cannot
+    /// take the vGPU out of the windows the others take).
     pub fn hold(
         &mut self,
         key: &ReleaseKey,
         held: bool,
         now: Instant,
     ) -> Result<VgpuId, NodeError> {
-        let vgpu = self.attached(key)?;
+        let vgpu = self.holdable(key, held)?;
         self.windows.hold(vgpu, held, now);
         if held {
             self.unsampled.remove(&vgpu);
+        }
+        Ok(vgpu)
+    }
+
+    /// The vGPU [`Node::hold`] would hold (or let go of), or why it refuses: what a caller
+    /// checks before it saves the hold.
+    pub fn holdable(&self, key: &ReleaseKey, held: bool) -> Result<VgpuId, NodeError> {
+        let vgpu = self.attached(key)?;
+        let record = &self.records[&vgpu];
+        if held && record.attachments.len() > 1 && !self.windows.is_held(vgpu) {
+            return Err(NodeError::HoldShared {
+                vgpu,
+                claim: record.claim.clone().unwrap_or_default(),
+                count: record.attachments.len(),
+            });
         }
         Ok(vgpu)
     }
@@ -505,7 +572,7 @@ impl Node {
             .records
             .get(&vgpu)
             .ok_or(NodeError::UnknownVgpu(vgpu))?;
-        if record.attachment.is_none() {
+        if record.attachments.is_empty() {
             return Err(NodeError::NotAttached(vgpu));
         }
         Ok(vgpu)
@@ -579,9 +646,23 @@ impl Node {
                 });
             }
         }
-        if let Some(a) = &record.attachment {
+        if record.attachments.len() > 1 && record.claim.is_none() {
+            return Err(NodeError::AttachedElsewhere {
+                vgpu,
+                attached: record.attachments[0].container.clone(),
+                container: record.attachments[1].container.clone(),
+            });
+        }
+        for (i, a) in record.attachments.iter().enumerate() {
             check_container_id(&a.container)?;
-            if let Some(&attached) = self.by_container.get(&a.container) {
+            let twice = record.attachments[..i]
+                .iter()
+                .any(|b| b.container == a.container);
+            let attached = match self.by_container.get(&a.container) {
+                Some(&other) => Some(other),
+                None => twice.then_some(vgpu),
+            };
+            if let Some(attached) = attached {
                 return Err(NodeError::ContainerAttached {
                     container: a.container.clone(),
                     attached,
@@ -589,7 +670,7 @@ impl Node {
             }
         }
         self.inventory.restore(record.assignment.clone())?;
-        if let Some(a) = &record.attachment {
+        if !record.attachments.is_empty() {
             let binding = Binding {
                 gpus: record.assignment.gpus.clone(),
                 weight: record.request.weight,
@@ -599,7 +680,9 @@ impl Node {
                 self.inventory.release(vgpu);
                 return Err(NodeError::Schedule { vgpu, source });
             }
-            self.by_container.insert(a.container.clone(), vgpu);
+            for a in &record.attachments {
+                self.by_container.insert(a.container.clone(), vgpu);
+            }
         } else if record.claim.is_none() {
             self.pending.insert((record.reserved_at, vgpu));
         }

@@ -695,7 +695,7 @@ impl Node {
         VgpuReply {
             id: record.id.to_string(),
             handle: None,
-            container: record.attachment.as_ref().map(|a| a.container.clone()),
+            container: record.attachment().map(|a| a.container.clone()),
             gpus,
             weight: record.request.weight,
             priority: record.request.priority,

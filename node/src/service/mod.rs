@@ -276,7 +276,7 @@ impl Service {
             .enforced
             .iter()
             .filter(|(v, e)| !e.held && (e.frozen_since.is_some() || about.contains(v)))
-            .map(|(_, e)| SavedFreezer::of(&e.cgroup))
+            .flat_map(|(_, e)| e.members.iter().map(|m| SavedFreezer::of(&m.cgroup)))
             .collect();
         list.sort();
         list.dedup();
@@ -367,34 +367,52 @@ impl Service {
         self.keep_watchdog();
         if self.last_exit_sweep.elapsed() >= EXIT_SWEEP {
             self.last_exit_sweep = std::time::Instant::now();
-            let exited: Vec<VgpuId> = (self.enforced.iter_mut())
-                .filter_map(|(&vgpu, e)| (e.still_runs(vgpu) == Some(false)).then_some(vgpu))
+            let exited: Vec<(VgpuId, Vec<String>)> = (self.enforced.iter_mut())
+                .map(|(&vgpu, e)| (vgpu, e.gone(vgpu)))
+                .filter(|(_, gone)| !gone.is_empty())
                 .collect();
-            for vgpu in exited {
-                self.release_exited(vgpu);
+            for (vgpu, gone) in exited {
+                for container in gone {
+                    self.container_exited(vgpu, &container);
+                }
             }
         }
         if self.last_stop_check.elapsed() >= STOP_CHECK {
             self.last_stop_check = std::time::Instant::now();
             self.notice_stops();
         }
+        let mut joining = Vec::new();
         for (vgpu, e) in self.enforced.iter_mut() {
-            if e.unstarted.is_some_and(|u| u.has_started()) {
-                e.unstarted = None;
-                tracing::debug!("{vgpu}: its container started; sampled from now on");
+            let frozen = e.frozen_since.is_some() && !e.held;
+            for m in &mut e.members {
+                if m.unstarted.is_some_and(|u| u.has_started()) {
+                    m.unstarted = None;
+                    tracing::debug!("{vgpu} ({}): started; sampled from now on", m.container);
+                    if frozen {
+                        joining.push((*vgpu, m.cgroup.clone()));
+                    }
+                }
             }
         }
+        self.freeze_joining(joining);
         let node = &self.node;
         let mut watched: Vec<Watched<'_>> = self
             .enforced
             .iter_mut()
-            .filter(|(_, e)| e.unstarted.is_none() && !e.held && e.frozen_since.is_none())
+            .filter(|(_, e)| !e.held && e.frozen_since.is_none())
             .filter_map(|(&vgpu, e)| {
+                let readers: Vec<_> = (e.members.iter_mut())
+                    .filter(|m| m.unstarted.is_none())
+                    .map(|m| &mut m.reader)
+                    .collect();
+                if readers.is_empty() {
+                    return None;
+                }
                 Some(Watched {
                     vgpu,
                     gpus: &node.record(vgpu)?.assignment.gpus,
                     thawed_at: e.thawed_at,
-                    reader: &mut e.reader,
+                    readers,
                 })
             })
             .collect();

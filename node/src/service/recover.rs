@@ -16,7 +16,7 @@ use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
-use super::enforce::Enforced;
+use super::enforce::{Enforced, Member};
 use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
 use crate::state::{unix_ms, SavedAttachment, SavedVgpu};
@@ -35,8 +35,10 @@ impl Service {
         }
         // Records written before the frozen list existed: their cgroups too.
         for saved in loaded.vgpus.iter().filter(|s| !s.held) {
-            let Some(a) = &saved.attachment else { continue };
-            if let Ok(cgroup) = a.freezer.resolve(&self.hierarchies) {
+            for a in saved.attachment.iter().chain(&saved.shared) {
+                let Ok(cgroup) = a.freezer.resolve(&self.hierarchies) else {
+                    continue;
+                };
                 if let Err(e) = cgroup.thaw() {
                     tracing::warn!(
                         "{}: cannot thaw {}: {e}",
@@ -138,10 +140,7 @@ impl Service {
     }
 
     /// A saved container's attachment and freezer cgroup, when it still runs there.
-    fn reattach(
-        &self,
-        a: &SavedAttachment,
-    ) -> Result<(Option<Attachment>, Option<FreezerCgroup>), String> {
+    fn reattach(&self, a: &SavedAttachment) -> Result<(Attachment, FreezerCgroup), String> {
         let cgroup = a
             .freezer
             .resolve(&self.hierarchies)
@@ -160,11 +159,11 @@ impl Service {
             (None, None) => return Err("its attachment names no pid and no cgroup".into()),
         };
         Ok((
-            Some(Attachment {
+            Attachment {
                 container: a.container.clone(),
                 target,
-            }),
-            Some(cgroup),
+            },
+            cgroup,
         ))
     }
 
@@ -199,22 +198,19 @@ impl Service {
                 }
             }
         }
-        let attached = match &saved.attachment {
-            None => Ok((None, None)),
-            Some(a) => self.reattach(a),
-        };
-        let (attachment, cgroup) = match attached {
-            Ok(found) => found,
-            // A claim's reservation outlives its container: it stays pinned, unattached.
-            Err(why) if saved.claim.is_some() => {
-                tracing::info!(
+        // Each container that still runs; a claim's reservation outlives its containers, so
+        // it keeps those still running, and stays pinned with none.
+        let mut members = Vec::new();
+        for a in saved.attachment.iter().chain(&saved.shared) {
+            match self.reattach(a) {
+                Ok((attachment, cgroup)) => members.push((attachment, cgroup, a.pid, a.program)),
+                Err(why) if saved.claim.is_some() => tracing::info!(
                     "{id}: {why}; still pinned for claim {}",
                     saved.claim.as_deref().unwrap_or_default()
-                );
-                (None, None)
+                ),
+                Err(why) => return Err(why),
             }
-            Err(why) => return Err(why),
-        };
+        }
         // A reservation keeps its age: the time it has left is what it had when the service
         // stopped, less the time the service was down.
         let age = Duration::from_millis(
@@ -239,18 +235,26 @@ impl Service {
             },
             request,
             reserved_at: now - age,
-            attachment: attachment.clone(),
+            attachments: members.iter().map(|m| m.0.clone()).collect(),
             claim: saved.claim.clone(),
         };
         self.node.restore(record, now).map_err(|e| e.to_string())?;
-        if let Some(cgroup) = cgroup {
-            let mut enforced = Enforced::new(cgroup);
-            // Attached before its start and not started then: it is not sampled before it is.
-            if let Some(a) = &saved.attachment {
-                if let (Some(pid), Some(program)) = (a.pid, a.program) {
-                    enforced.unstarted = Some(Unstarted::saved(pid, program));
+        let members: Vec<Member> = members
+            .into_iter()
+            .map(|(attachment, cgroup, pid, program)| {
+                let mut member = Member::new(&attachment.container, cgroup);
+                // Attached before its start and not started then: not sampled before it is.
+                if let (Some(pid), Some(program)) = (pid, program) {
+                    member.unstarted = Some(Unstarted::saved(pid, program));
                 }
-            }
+                member
+            })
+            .collect();
+        let dropped = members.len() < saved.attachment.iter().chain(&saved.shared).count();
+        let mut members = members.into_iter();
+        if let Some(first) = members.next() {
+            let mut enforced = Enforced::new(first);
+            enforced.members.extend(members);
             if saved.held {
                 // Restored attached, so the node accepts the hold; were it refused, the
                 // service would still leave the cgroup alone (`Enforced::held`).
@@ -268,6 +272,11 @@ impl Service {
             }
             self.enforced.insert(id, enforced);
             self.watch_exits(id);
+        }
+        if dropped {
+            if let Err(e) = self.save_enforced(id) {
+                tracing::error!("{id}: {e}; the next start finds its gone containers gone again");
+            }
         }
         Ok(())
     }

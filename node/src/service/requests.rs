@@ -15,7 +15,7 @@ use gpuplex_scheduler::protocol::cdi::CdiEdits;
 use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::{Handle, VgpuId};
 
-use super::enforce::Enforced;
+use super::enforce::{Enforced, Member};
 use super::unstarted::Unstarted;
 use super::Service;
 use crate::gpus::GpuSource;
@@ -87,7 +87,7 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::error(refused),
         };
-        if let Err(e) = self.save(vgpu, None) {
+        if let Err(e) = self.save_new(vgpu) {
             return Reply::error(e);
         }
         tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
@@ -126,7 +126,7 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::error(refused),
         };
-        if let Err(e) = self.save(vgpu, None) {
+        if let Err(e) = self.save_new(vgpu) {
             return Reply::error(e);
         }
         tracing::info!(
@@ -159,10 +159,9 @@ impl Service {
     }
 
     fn attach(&mut self, handle: &Handle, attachment: Attachment, unstarted: bool) -> Reply {
-        let vgpu = self.node.vgpu_with(handle);
-        let attached = vgpu.and_then(|v| self.node.record(v)?.attachment.as_ref());
-        if let (Some(vgpu), Some(a)) = (vgpu, attached) {
-            if a.container == attachment.container {
+        if let Some(vgpu) = self.node.vgpu_with(handle) {
+            let record = self.node.record(vgpu);
+            if record.is_some_and(|r| r.containers().any(|c| c == attachment.container)) {
                 return self.reply(vgpu);
             }
         }
@@ -192,8 +191,7 @@ impl Service {
             let same = self
                 .node
                 .record(vgpu)
-                .and_then(|r| r.attachment.as_ref())
-                .is_some_and(|a| a.target == attachment.target);
+                .is_some_and(|r| r.attachments.contains(&attachment));
             return if same {
                 self.reply(vgpu)
             } else {
@@ -242,11 +240,10 @@ impl Service {
         let vgpu = released.record.id;
         tracing::info!(
             "{vgpu} ({}): released",
-            released
-                .record
-                .attachment
-                .as_ref()
-                .map_or("no container", |a| a.container.as_str())
+            match released.record.attachments.len() {
+                0 => "no container".to_owned(),
+                _ => released.record.containers().collect::<Vec<_>>().join(", "),
+            }
         );
         let reply = Reply {
             ok: true,
@@ -262,17 +259,17 @@ impl Service {
     /// freeze of its own becomes its user's pause); the hold is saved before it takes effect,
     /// so that a restart does not thaw it either.
     fn hold(&mut self, key: &ReleaseKey, held: bool) -> Reply {
-        let vgpu = match self.node.attached(key) {
+        let vgpu = match self.node.holdable(key, held) {
             Ok(v) => v,
             Err(e) => return Reply::error(e),
         };
         if self.node.is_held(vgpu) == held {
             return self.reply(vgpu);
         }
-        let Some(enforced) = self.enforced.get(&vgpu) else {
+        if !self.enforced.contains_key(&vgpu) {
             return Reply::error(format!("{vgpu} has no cgroup the node service enforces"));
-        };
-        let saved = self.saved(vgpu, Some(&enforced.cgroup), held);
+        }
+        let saved = self.saved(vgpu, held);
         if let Err(e) = self.state.save(&saved) {
             tracing::error!("{vgpu}: {e}");
             return Reply::error(if held {
@@ -291,7 +288,7 @@ impl Service {
         // A freeze of the service's became its user's pause: the watchdog must not undo it.
         self.record_frozen(&[]);
         if let Some(e) = self.enforced.get(&vgpu) {
-            let frozen = e.cgroup.is_frozen().unwrap_or(false);
+            let frozen = (e.members.iter()).any(|m| m.cgroup.is_frozen().unwrap_or(false));
             if held {
                 tracing::info!(
                     "{vgpu} ({container}): held (paused by its user): no window, never frozen or thawed by gpuplex until unhold"
@@ -323,12 +320,8 @@ impl Service {
 
     /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
     pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
-        let enforced = self.enforced.iter().map(|(v, e)| {
-            let name = match self.node.record(*v).and_then(|r| r.attachment.as_ref()) {
-                Some(a) => format!("{v} (container {})", a.container),
-                None => v.to_string(),
-            };
-            (name, &e.cgroup)
+        let enforced = self.enforced.iter().flat_map(|(v, e)| {
+            (e.members.iter()).map(move |m| (format!("{v} (container {})", m.container), &m.cgroup))
         });
         let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
         let admission = Admission::of_processes(&self.hierarchies, &watchdog)
@@ -336,8 +329,9 @@ impl Service {
         admission.check(cgroup, enforced).map_err(|e| e.to_string())
     }
 
-    /// Enforces an attached vGPU from now on and saves it; on failure it is released (see
-    /// [`Service::save`]) and not enforced.
+    /// Enforces a container the node just attached to `vgpu` from now on (the first, or one
+    /// more of a claim's pod) and saves it. On failure it is not enforced, and the node lets it
+    /// go: a claim's vGPU is detached from it, any other vGPU released.
     fn enforce(
         &mut self,
         vgpu: VgpuId,
@@ -345,17 +339,36 @@ impl Service {
         attachment: &Attachment,
         unstarted: bool,
     ) -> Result<(), String> {
-        let mut enforced = Enforced::new(cgroup.clone());
+        let mut member = Member::new(&attachment.container, cgroup.clone());
         // A container attached between its runtime's `create` and `start` (podman's and runc's
         // createRuntime hook, the shim) is not sampled before it starts; a running process
         // (`gpuplexctl register --pid`) is sampled at once.
         if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
-            enforced.unstarted = Unstarted::of(*pid);
+            member.unstarted = Unstarted::of(*pid);
         }
-        self.enforced.insert(vgpu, enforced);
-        if let Err(e) = self.save(vgpu, Some(&cgroup)) {
-            self.enforced.remove(&vgpu);
-            return Err(e);
+        match self.enforced.get_mut(&vgpu) {
+            Some(e) => e.members.push(member),
+            None => {
+                self.enforced.insert(vgpu, Enforced::new(member));
+            }
+        }
+        if let Err(e) = self.save_enforced(vgpu) {
+            tracing::error!("{vgpu}: {e}");
+            let now = self.now();
+            if let Some(e) = self.enforced.get_mut(&vgpu) {
+                e.members.retain(|m| m.container != attachment.container);
+                if e.members.is_empty() {
+                    self.enforced.remove(&vgpu);
+                }
+            }
+            if self.node.detach(vgpu, &attachment.container, now).is_none() {
+                self.node.release(&ReleaseKey::Vgpu(vgpu), now);
+                let _ = self.state.remove(vgpu);
+            }
+            return Err(format!(
+                "{e}; {} was not attached, since a restart would have lost it",
+                attachment.container
+            ));
         }
         self.watch_exits(vgpu);
         tracing::info!(
@@ -368,30 +381,37 @@ impl Service {
         Ok(())
     }
 
-    /// What is saved of a vGPU (known to the node), `held` or not.
-    fn saved(&self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>, held: bool) -> SavedVgpu {
+    /// What is saved of a vGPU (known to the node), `held` or not: its record, with the cgroup
+    /// of each container the service enforces.
+    fn saved(&self, vgpu: VgpuId, held: bool) -> SavedVgpu {
         let record = self.node.record(vgpu).expect("a vGPU the node knows");
         let age = self.now().saturating_since(record.reserved_at);
         let reserved_at = SystemTime::now()
             .checked_sub(age)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let unstarted = self.enforced.get(&vgpu).and_then(|e| e.unstarted);
-        let mut saved = saved_vgpu(record, cgroup, &self.node_gpu_uuids(), reserved_at, held);
-        if let Some(a) = &mut saved.attachment {
-            a.program = unstarted.map(|u| u.program());
+        let enforced = self.enforced.get(&vgpu);
+        let mut attachments = record.attachments.iter().filter_map(|a| {
+            let member = enforced?.member(&a.container)?;
+            let mut saved = saved_attachment(a, &member.cgroup);
+            saved.program = member.unstarted.map(|u| u.program());
+            Some(saved)
+        });
+        SavedVgpu {
+            attachment: attachments.next(),
+            shared: attachments.collect(),
+            ..saved_vgpu(record, &self.node_gpu_uuids(), reserved_at, held)
         }
-        saved
     }
 
-    /// Saves a pinned vGPU whose container went: its reservation stays.
-    pub(super) fn save_detached(&mut self, vgpu: VgpuId) -> Result<(), crate::state::StateError> {
-        let saved = self.saved(vgpu, None, false);
+    /// Saves an enforced vGPU as it is now (a container of a claim's vGPU came or went).
+    pub(super) fn save_enforced(&mut self, vgpu: VgpuId) -> Result<(), crate::state::StateError> {
+        let saved = self.saved(vgpu, self.node.is_held(vgpu));
         self.state.save(&saved)
     }
 
-    /// Saves a vGPU's record; on failure releases it and returns the error reply.
-    fn save(&mut self, vgpu: VgpuId, cgroup: Option<&FreezerCgroup>) -> Result<(), String> {
-        let saved = self.saved(vgpu, cgroup, self.node.is_held(vgpu));
+    /// Saves a new reservation's record; on failure releases it and returns the error reply.
+    fn save_new(&mut self, vgpu: VgpuId) -> Result<(), String> {
+        let saved = self.saved(vgpu, false);
         match self.state.save(&saved) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -445,17 +465,16 @@ impl Service {
     }
 
     pub(super) fn container_of(&self, vgpu: VgpuId) -> String {
-        self.node
-            .record(vgpu)
-            .and_then(|r| r.attachment.as_ref())
-            .map_or_else(|| vgpu.to_string(), |a| a.container.clone())
+        match self.node.record(vgpu) {
+            Some(r) if !r.attachments.is_empty() => r.containers().collect::<Vec<_>>().join(", "),
+            _ => vgpu.to_string(),
+        }
     }
 }
 
 /// What is saved of a vGPU.
 fn saved_vgpu(
     record: &VgpuRecord,
-    cgroup: Option<&FreezerCgroup>,
     uuids: &BTreeMap<u32, String>,
     reserved_at: SystemTime,
     held: bool,
@@ -475,24 +494,27 @@ fn saved_vgpu(
             })
             .collect(),
         reserved_at_unix_ms: unix_ms(reserved_at),
-        attachment: record.attachment.as_ref().and_then(|a| {
-            let cgroup = cgroup?;
-            Some(SavedAttachment {
-                container: a.container.clone(),
-                pid: match a.target {
-                    Target::Pid(p) => Some(p),
-                    Target::Cgroup(_) => None,
-                },
-                cgroup: match &a.target {
-                    Target::Cgroup(c) => Some(c.clone()),
-                    Target::Pid(_) => None,
-                },
-                freezer: SavedFreezer::of(cgroup),
-                program: None,
-            })
-        }),
+        attachment: None,
+        shared: Vec::new(),
         held,
         claim: record.claim.clone(),
+    }
+}
+
+/// What is saved of a container attached to a vGPU, in `cgroup`.
+fn saved_attachment(a: &Attachment, cgroup: &FreezerCgroup) -> SavedAttachment {
+    SavedAttachment {
+        container: a.container.clone(),
+        pid: match a.target {
+            Target::Pid(p) => Some(p),
+            Target::Cgroup(_) => None,
+        },
+        cgroup: match &a.target {
+            Target::Cgroup(c) => Some(c.clone()),
+            Target::Pid(_) => None,
+        },
+        freezer: SavedFreezer::of(cgroup),
+        program: None,
     }
 }
 

@@ -53,10 +53,15 @@ impl Service {
             if e.held || e.frozen_since.is_none() {
                 continue;
             }
-            let Ok(pending) = e.reader.pending_signals() else {
-                continue;
-            };
-            if let Some(signal) = stop_signal(pending) {
+            // Any of its containers being stopped thaws them all: they share its windows.
+            let signals: Vec<StopSignal> = (e.members.iter_mut())
+                .filter_map(|m| stop_signal(m.reader.pending_signals().ok()?))
+                .collect();
+            let kill = signals.contains(&StopSignal::Kill);
+            let signal = signals
+                .first()
+                .map(|&s| if kill { StopSignal::Kill } else { s });
+            if let Some(signal) = signal {
                 stops.push((vgpu, signal));
             }
         }

@@ -116,7 +116,7 @@ impl Node {
             request,
             assignment,
             reserved_at: now,
-            attachment: None,
+            attachments: Vec::new(),
             claim: Some(claim.to_owned()),
         };
         Ok(self.records.entry(id).or_insert(record))
@@ -124,18 +124,32 @@ impl Node {
 }
 
 impl Node {
-    /// Lets a pinned vGPU's container go (its processes are gone) and keeps the reservation
-    /// for its claim: the pod's next container attaches with the same handle. Returns the
-    /// record as it was, with the thaw order and the stats, as [`Node::release`] does; `None`
-    /// when the vGPU is not pinned or has no container.
-    pub fn detach(&mut self, vgpu: VgpuId, now: Instant) -> Option<super::Released> {
+    /// Lets one container of a pinned vGPU go (its processes are gone, or its runtime let it
+    /// go) and keeps the reservation for its claim: the pod's other containers keep it, and its
+    /// next ones attach with the same handle. Returns the record as it was; when the last
+    /// container went, with the thaw order and the stats, as [`Node::release`] does (the vGPU
+    /// left the windows). `None` when the vGPU is not pinned or `container` is not attached
+    /// to it.
+    pub fn detach(
+        &mut self,
+        vgpu: VgpuId,
+        container: &str,
+        now: Instant,
+    ) -> Option<super::Released> {
         let record = self.records.get_mut(&vgpu)?;
-        if record.claim.is_none() || record.attachment.is_none() {
-            return None;
-        }
+        let at = record.containers().position(|c| c == container)?;
+        record.claim.as_ref()?;
         let before = record.clone();
-        let attachment = record.attachment.take().expect("checked above");
-        self.by_container.remove(&attachment.container);
+        record.attachments.remove(at);
+        let last = record.attachments.is_empty();
+        self.by_container.remove(container);
+        if !last {
+            return Some(super::Released {
+                record: before,
+                thaw: None,
+                stats: None,
+            });
+        }
         self.unsampled.remove(&vgpu);
         let unbound = self.windows.unbind(vgpu, now);
         Some(super::Released {

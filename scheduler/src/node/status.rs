@@ -175,17 +175,17 @@ impl Node {
                         .as_ref()
                         .and_then(|v| v.holder)
                         .and_then(|h| self.records.get(&h))
-                        .and_then(|r| r.attachment.as_ref())
+                        .and_then(|r| r.attachment())
                         .map(|a| a.container.clone()),
                     busy_seconds: view
                         .as_ref()
                         .map_or(0.0, |v| v.stats.busy_time.as_secs_f64()),
                     switches: view.as_ref().map_or(0, |v| v.stats.switches),
                     containers: on_gpu()
-                        .filter_map(|r| r.attachment.as_ref().map(|a| a.container.clone()))
+                        .flat_map(|r| r.containers().map(str::to_owned))
                         .collect(),
                     reservations: on_gpu()
-                        .filter(|r| r.attachment.is_none())
+                        .filter(|r| r.attachments.is_empty())
                         .map(|r| r.id.to_string())
                         .collect(),
                 }
@@ -195,7 +195,7 @@ impl Node {
         let mut reservations = Vec::new();
         for r in self.records.values() {
             let memory = self.memory_of(r);
-            let Some(attachment) = &r.attachment else {
+            if r.attachments.is_empty() {
                 let lapses_at = r.reserved_at + self.config.reservation_ttl;
                 reservations.push(ReservationStatus {
                     vgpu: r.id.to_string(),
@@ -210,7 +210,7 @@ impl Node {
                     claim: r.claim.clone(),
                 });
                 continue;
-            };
+            }
             let view = self.windows.vgpu(r.id);
             let state = match &view {
                 Some(v) if v.state == RunState::Held => ContainerState::Paused,
@@ -224,11 +224,12 @@ impl Node {
                 .as_ref()
                 .and_then(|v| v.waiting_since)
                 .map_or(Duration::ZERO, |since| now.saturating_since(since));
-            containers.push(ContainerStatus {
-                id: attachment.container.clone(),
+            // The containers sharing a claim's vGPU each show the vGPU's windows and time.
+            containers.extend(r.containers().map(|container| ContainerStatus {
+                id: container.to_owned(),
                 vgpu: r.id.to_string(),
                 gpus: r.assignment.gpus.iter().map(|g| g.0).collect(),
-                memory,
+                memory: memory.clone(),
                 weight: r.request.weight,
                 priority: r.request.priority,
                 state,
@@ -239,7 +240,7 @@ impl Node {
                 windows: stats.windows,
                 pod: first_annotation(r, &POD_NAME_KEYS),
                 namespace: first_annotation(r, &POD_NAMESPACE_KEYS),
-            });
+            }));
         }
         NodeStatus {
             node: String::new(),

@@ -163,7 +163,7 @@ fn attach_binds_the_container_and_is_idempotent() {
         .attach(&handle_of(&n, v), container("c1", 100), at(5))
         .unwrap()
         .clone();
-    assert_eq!(first.attachment, Some(container("c1", 100)));
+    assert_eq!(first.attachment(), Some(&container("c1", 100)));
     assert_eq!(
         n.attach(&handle_of(&n, v), container("c1", 100), at(6))
             .unwrap(),
@@ -200,7 +200,7 @@ fn attach_binds_the_container_and_is_idempotent() {
             Err(NodeError::BadContainerId(bad.into()))
         );
     }
-    assert!(n.record(w).unwrap().attachment.is_none());
+    assert!(n.record(w).unwrap().attachments.is_empty());
 }
 
 #[test]
@@ -492,7 +492,7 @@ fn records_restore_after_a_restart_never_beyond_a_gpus_memory() {
     let mut over = saved[0].clone();
     over.id = VgpuId(50);
     over.handle = fresh();
-    over.attachment = Some(container("z", 9));
+    over.attachments = vec![container("z", 9)];
     let unreserved = after.inventory().unreserved(over.assignment.gpus[0]);
     assert!(matches!(
         after.restore(over, at(30)),
@@ -562,7 +562,7 @@ enum Op {
     Observe(u64, bool),
     Pin(u8, u8, u8),
     ReleaseClaim(u8),
-    Detach(u64),
+    Detach(u64, u8),
     Decide,
     Wait(u64),
 }
@@ -579,7 +579,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         (1u64..12, any::<bool>()).prop_map(|(v, w)| Op::Observe(v, w)),
         (0u8..4, 1u8..8, 1u8..=45).prop_map(|(c, gpus, g)| Op::Pin(c, gpus, g)),
         (0u8..4).prop_map(Op::ReleaseClaim),
-        (1u64..12).prop_map(Op::Detach),
+        (1u64..12, 0u8..6).prop_map(|(v, c)| Op::Detach(v, c)),
         Just(Op::Decide),
         (1u64..40_000).prop_map(Op::Wait),
     ]
@@ -611,12 +611,20 @@ proptest::proptest! {
                     let _ = n.release(&ReleaseKey::Vgpu(VgpuId(v)), t);
                 }
                 Op::ReleaseContainer(c) => {
-                    let _ = n.release(&ReleaseKey::Container(format!("c{c}")), t);
+                    let claim = n.vgpu_of(&format!("c{c}")).and_then(|v| n.record(v)?.claim.clone());
+                    let released = n.release(&ReleaseKey::Container(format!("c{c}")), t);
+                    if claim.is_some() {
+                        proptest::prop_assert!(released.is_none(), "a container released its claim's vGPU");
+                    }
                 }
                 Op::Hold(c, held) => {
                     let key = ReleaseKey::Container(format!("c{c}"));
                     match n.hold(&key, held, t) {
                         Ok(v) => proptest::prop_assert_eq!(n.is_held(v), held),
+                        Err(NodeError::HoldShared { vgpu, count, .. }) => {
+                            proptest::prop_assert!(held && count > 1 && !n.is_held(vgpu));
+                            proptest::prop_assert_eq!(n.record(vgpu).unwrap().attachments.len(), count);
+                        }
                         Err(e) => proptest::prop_assert_eq!(e, NodeError::UnknownContainer(format!("c{c}"))),
                     }
                 }
@@ -644,13 +652,17 @@ proptest::proptest! {
                     let _ = n.release(&ReleaseKey::Claim(claim.clone()), t);
                     proptest::prop_assert!(n.records().all(|r| r.claim.as_ref() != Some(&claim)));
                 }
-                Op::Detach(v) => {
+                Op::Detach(v, c) => {
                     let pinned = n.record(VgpuId(v)).is_some_and(|r| r.claim.is_some());
-                    let detached = n.detach(VgpuId(v), t);
+                    let container = format!("c{c}");
+                    let detached = n.detach(VgpuId(v), &container, t);
                     proptest::prop_assert!(detached.is_none() || pinned);
                     if pinned {
                         let r = n.record(VgpuId(v));
-                        proptest::prop_assert!(r.is_some_and(|r| r.attachment.is_none()), "a claim's vGPU went with its container");
+                        proptest::prop_assert!(r.is_some_and(|r| !r.containers().any(|x| x == container)), "a claim's vGPU went with its container");
+                    }
+                    if detached.is_some() {
+                        proptest::prop_assert_eq!(n.vgpu_of(&container), None);
                     }
                 }
                 Op::Decide => {
@@ -660,12 +672,12 @@ proptest::proptest! {
                         proptest::prop_assert!(!n.is_held(v), "{:?} names a held vGPU", a);
                     }
                     for r in &d.lapsed {
-                        proptest::prop_assert!(r.attachment.is_none());
+                        proptest::prop_assert!(r.attachments.is_empty());
                         proptest::prop_assert!(r.claim.is_none(), "a claim's reservation lapsed");
                         proptest::prop_assert!(t >= r.reserved_at + n.config().reservation_ttl);
                     }
                     for r in n.records() {
-                        proptest::prop_assert!(r.attachment.is_some() || r.claim.is_some() || t < r.reserved_at + n.config().reservation_ttl);
+                        proptest::prop_assert!(!r.attachments.is_empty() || r.claim.is_some() || t < r.reserved_at + n.config().reservation_ttl);
                     }
                 }
                 Op::Wait(ms) => now += ms,
@@ -680,14 +692,18 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(bound + n.inventory().unreserved(gpu.index), gpu.memory);
             }
             let mut containers = std::collections::HashSet::new();
+            let mut attached = 0;
             for r in n.records() {
-                proptest::prop_assert_eq!(n.windows().vgpu(r.id).is_some(), r.attachment.is_some());
-                if let Some(a) = &r.attachment {
+                proptest::prop_assert_eq!(n.windows().vgpu(r.id).is_some(), !r.attachments.is_empty());
+                attached += usize::from(!r.attachments.is_empty());
+                let most = if r.claim.is_some() { super::MAX_SHARING } else { 1 };
+                proptest::prop_assert!(r.attachments.len() <= most, "{} has {} containers", r.id, r.attachments.len());
+                for a in &r.attachments {
                     proptest::prop_assert!(containers.insert(a.container.clone()));
                     proptest::prop_assert_eq!(n.vgpu_of(&a.container), Some(r.id));
                 }
             }
-            proptest::prop_assert_eq!(n.windows().vgpus().count(), containers.len());
+            proptest::prop_assert_eq!(n.windows().vgpus().count(), attached);
             let mut claims = std::collections::HashSet::new();
             for r in n.records() {
                 if let Some(claim) = &r.claim {

@@ -1,7 +1,7 @@
 //! Claims pinned where the cluster's scheduler placed them.
 
 use super::*;
-use crate::node::{Attachment, ReleaseKey, Target};
+use crate::node::{Attachment, ReleaseKey, Target, MAX_SHARING};
 
 const GIB: u64 = 1 << 30;
 
@@ -190,11 +190,14 @@ fn its_containers_come_and_go_and_the_claim_stays() {
     };
     n.attach(&handle(1), first.clone(), at(1)).unwrap();
     assert!(n.windows().vgpu(v).is_some());
-    let detached = n.detach(v, at(2)).unwrap();
-    assert_eq!(detached.record.attachment, Some(first));
+    let detached = n.detach(v, "ctr-a", at(2)).unwrap();
+    assert_eq!(detached.record.attachment(), Some(&first));
     assert!(n.windows().vgpu(v).is_none());
     assert_eq!(n.vgpu_of("ctr-a"), None);
-    assert!(n.detach(v, at(2)).is_none(), "nothing attached any more");
+    assert!(
+        n.detach(v, "ctr-a", at(2)).is_none(),
+        "nothing attached any more"
+    );
     assert!(n.decide(at(3600)).lapsed.is_empty());
     // The pod's container restarts: it attaches with the same handle.
     let second = Attachment {
@@ -216,8 +219,8 @@ fn its_containers_come_and_go_and_the_claim_stays() {
         )
         .unwrap()
         .id;
-    assert!(n.detach(other, at(3603)).is_none());
-    assert!(n.record(other).unwrap().attachment.is_some());
+    assert!(n.detach(other, "plain", at(3603)).is_none());
+    assert!(n.record(other).unwrap().attachment().is_some());
 }
 
 #[test]
@@ -247,4 +250,123 @@ fn a_claim_is_restored_pinned_after_a_restart() {
     assert!(restarted
         .release(&ReleaseKey::Claim("uid-1".into()), at(3603))
         .is_some());
+}
+
+fn ctr(name: &str, pid: u32) -> Attachment {
+    Attachment {
+        container: name.into(),
+        target: Target::Pid(pid),
+    }
+}
+
+#[test]
+fn the_containers_of_a_pod_share_its_claims_vgpu_and_its_windows() {
+    let mut n = node();
+    let v = n
+        .pin("uid-1", [], &on(&[0], 8), handle(1), at(0))
+        .unwrap()
+        .id;
+    n.attach(&handle(1), ctr("app", 10), at(1)).unwrap();
+    let shared = n.attach(&handle(1), ctr("sidecar", 11), at(1)).unwrap();
+    assert_eq!(shared.containers().collect::<Vec<_>>(), ["app", "sidecar"]);
+    assert_eq!(n.vgpu_of("sidecar"), Some(v));
+    assert_eq!(n.windows().vgpus().count(), 1, "one vGPU in the windows");
+    // Attaching again is idempotent; a container of another vGPU cannot join.
+    n.attach(&handle(1), ctr("sidecar", 11), at(1)).unwrap();
+    let plain = [("gpuplex.io/gpu-memory", "1Gi")];
+    n.register(plain, handle(5), ctr("other", 12), at(1))
+        .unwrap();
+    assert!(matches!(
+        n.attach(&handle(1), ctr("other", 12), at(1)),
+        Err(NodeError::ContainerAttached { .. })
+    ));
+    // Only the claim (or the operator, by id) releases it: not a container, not the handle.
+    assert!(n
+        .release(&ReleaseKey::Container("app".into()), at(2))
+        .is_none());
+    assert!(n.release(&ReleaseKey::Handle(handle(1)), at(2)).is_none());
+    assert_eq!(n.record(v).unwrap().attachments.len(), 2);
+    // Pausing one of them cannot take the vGPU out of the windows the other takes.
+    let e = n
+        .hold(&ReleaseKey::Container("app".into()), true, at(2))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("{v} is shared by 2 containers of claim uid-1: gpuplex holds a vGPU out of its windows only when one container has it")
+    );
+    // One goes: the other keeps the vGPU in its windows; the last one going takes it out.
+    let first = n.detach(v, "app", at(3)).unwrap();
+    assert_eq!((first.thaw, first.stats), (None, None));
+    assert!(n.windows().vgpu(v).is_some());
+    assert_eq!(n.vgpu_of("app"), None);
+    n.hold(&ReleaseKey::Container("sidecar".into()), true, at(3))
+        .unwrap();
+    let last = n.detach(v, "sidecar", at(4)).unwrap();
+    assert!(last.stats.is_some());
+    assert!(n.windows().vgpu(v).is_none());
+    assert!(n.record(v).is_some(), "the claim keeps its reservation");
+}
+
+#[test]
+fn a_plain_vgpu_has_one_container_and_a_claims_at_most_max_sharing() {
+    let mut n = node();
+    let plain = [("gpuplex.io/gpu-memory", "1Gi")];
+    let v = n.reserve(plain, handle(2), at(0)).unwrap().id;
+    n.attach(&handle(2), ctr("one", 1), at(0)).unwrap();
+    assert_eq!(
+        n.attach(&handle(2), ctr("two", 2), at(0)).unwrap_err(),
+        NodeError::AttachedElsewhere {
+            vgpu: v,
+            attached: "one".into(),
+            container: "two".into()
+        }
+    );
+    let c = n
+        .pin("uid-1", [], &on(&[1], 8), handle(1), at(0))
+        .unwrap()
+        .id;
+    for i in 0..MAX_SHARING {
+        n.attach(&handle(1), ctr(&format!("c{i}"), 100), at(0))
+            .unwrap();
+    }
+    let e = n
+        .attach(&handle(1), ctr("one-too-many", 100), at(0))
+        .unwrap_err();
+    assert_eq!(
+        e,
+        NodeError::SharedTooWidely {
+            vgpu: c,
+            claim: "uid-1".into()
+        }
+    );
+    assert_eq!(n.vgpu_of("one-too-many"), None);
+}
+
+#[test]
+fn a_shared_vgpu_is_restored_with_all_its_containers() {
+    let mut n = node();
+    n.pin("uid-1", [], &on(&[0], 8), handle(1), at(0)).unwrap();
+    n.attach(&handle(1), ctr("app", 10), at(0)).unwrap();
+    let v = n.attach(&handle(1), ctr("sidecar", 11), at(0)).unwrap();
+    let record = v.clone();
+    let mut restarted = node();
+    restarted.restore(record.clone(), at(0)).unwrap();
+    assert_eq!(restarted.vgpu_of("app"), Some(record.id));
+    assert_eq!(restarted.vgpu_of("sidecar"), Some(record.id));
+    assert_eq!(restarted.status(at(1)).containers.len(), 2);
+    // A record naming one container twice, or a plain vGPU with two, is refused whole.
+    for bad in [
+        vec![ctr("app", 10), ctr("app", 11)],
+        vec![ctr("a", 10), ctr("b", 11)],
+    ] {
+        let mut odd = record.clone();
+        odd.attachments = bad.clone();
+        if bad[0].container == "a" {
+            odd.claim = None;
+        }
+        let mut fresh = node();
+        assert!(fresh.restore(odd, at(0)).is_err());
+        assert_eq!(fresh.records().count(), 0);
+        assert_eq!(fresh.inventory().unreserved(GpuIndex(0)), 40 * GIB);
+    }
 }
