@@ -1,23 +1,35 @@
 //! A prepared claim's CDI spec: one device, `gpuplex.io/vgpu=<claim uid>`, whose edits are what
 //! podman's precreate gives a container with a vGPU (its GPUs' device nodes and the host's
 //! control nodes, `CUDA_VISIBLE_DEVICES`, the identity mounted read-only) followed by the host
-//! CDI spec's edits for those GPUs, which the node service chose. The runtime (containerd's or
-//! CRI-O's CDI support, podman's `--device`) applies it to each container of the claim.
+//! CDI spec's edits for those GPUs, which the node service chose, and last the attach step
+//! ([`gpuplex_hook::claim`]). The runtime (containerd's or CRI-O's CDI support, podman's
+//! `--device`) applies it to each container of the claim.
+//!
+//! The spec carries the claim's handle, so it is written for root alone (`0600`): runtimes read
+//! it as root.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use gpuplex_hook::spec::{self, DeviceNode};
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiMount};
+use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
 use gpuplex_scheduler::protocol::VgpuReply;
 use serde_json::{json, Value};
 
 /// The CDI kind of the claims' devices.
 pub const KIND: &str = "gpuplex.io/vgpu";
 
-/// The CDI version written (the oldest that has every field used).
-pub const CDI_VERSION: &str = "0.6.0";
+/// The CDI version written: the oldest that has every field used (0.5.0: device nodes with a
+/// host path, device names that start with a digit), so that older runtimes (podman 4.3,
+/// containerd 1.7) read it; 0.7.0 when the host's edits add groups.
+fn cdi_version(edits: &CdiEdits) -> &'static str {
+    if edits.additional_gids.is_empty() {
+        "0.5.0"
+    } else {
+        "0.7.0"
+    }
+}
 
 /// Why a claim's spec was not written. One line.
 #[derive(Debug, thiserror::Error)]
@@ -67,11 +79,13 @@ pub fn spec_path(dir: &Path, uid: &str) -> PathBuf {
 }
 
 /// The edits a container of the claim gets: gpuplex's own, as precreate makes them, then the
-/// host spec's for its GPUs. `control` are the host's control nodes (`/dev/nvidiactl`, ...).
+/// host spec's for its GPUs, then `attach` (the attach step). `control` are the host's
+/// control nodes (`/dev/nvidiactl`, ...).
 pub fn claim_edits(
     vgpu: &VgpuReply,
     identity_file: &Path,
     control: &[DeviceNode],
+    attach: CdiHook,
 ) -> Result<CdiEdits, CdiError> {
     let mut edits = CdiEdits::default();
     for gpu in &vgpu.gpus {
@@ -119,6 +133,7 @@ pub fn claim_edits(
     if let Some(host) = &vgpu.cdi {
         edits.append(host);
     }
+    edits.hooks.push(attach);
     Ok(edits)
 }
 
@@ -132,7 +147,7 @@ pub fn spec_json(uid: &str, edits: &CdiEdits) -> Value {
         fields.retain(|_, v| !matches!(v, Value::Array(a) if a.is_empty()));
     }
     json!({
-        "cdiVersion": CDI_VERSION,
+        "cdiVersion": cdi_version(edits),
         "kind": KIND,
         "devices": [{"name": uid, "containerEdits": container_edits}],
     })
@@ -158,7 +173,7 @@ pub fn write(dir: &Path, uid: &str, edits: &CdiEdits) -> Result<PathBuf, CdiErro
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600)
         // A link planted at the temporary name is not followed.
         .custom_flags(libc::O_NOFOLLOW)
         .open(&temp)

@@ -84,6 +84,8 @@ pub struct DriverConfig {
     pub cdi_dir: PathBuf,
     /// The host's control nodes each container gets (`/dev/nvidiactl`, ...).
     pub control_nodes: Vec<DeviceNode>,
+    /// `gpuplex-hook` as the host's runtimes run it: the claims' attach step.
+    pub hook: PathBuf,
 }
 
 /// The driver: prepares and unprepares claims.
@@ -179,7 +181,14 @@ fn pin_and_write(
                 source,
             }
         })?;
-        let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes);
+        let handle = (vgpu.handle.as_deref())
+            .and_then(|h| h.parse::<gpuplex_scheduler::Handle>().ok())
+            .ok_or(DriverError::Cdi {
+                claim: claim.to_string(),
+                source: CdiError::Incomplete("the claim's handle"),
+            })?;
+        let attach = gpuplex_hook::claim::attach_hook(&config.hook, &config.socket, &handle);
+        let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, attach);
         edits
             .and_then(|edits| cdi::write(&config.cdi_dir, &claim.uid, &edits))
             .map_err(|source| DriverError::Cdi {

@@ -118,6 +118,7 @@ fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
             socket: service.socket.clone(),
             cdi_dir: cdi_dir.clone(),
             control_nodes: Vec::new(),
+            hook: gpuplex_integration::bin("gpuplex-hook"),
         },
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();

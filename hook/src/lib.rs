@@ -8,13 +8,15 @@
 //! - [`inject`]: what a hook does inside a container that exists already (plain runc and crun
 //!   users): device nodes made in its mount namespace, its device cgroup, the identity;
 //! - [`oci_state`]: the OCI state a runtime hands its hooks;
-//! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop` does.
+//! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop|attach` does;
+//! - [`claim`]: a Kubernetes claim's attach step, the hook its CDI spec carries.
 //!
 //! It finds and talks to the node service with `gpuplex-client` (the configuration, the
 //! socket's client and the identity files), as `gpuplexctl` and the containerd shim do.
 #![deny(missing_docs)]
 
 pub mod cdi;
+pub mod claim;
 pub mod inject;
 pub mod oci_state;
 pub mod spec;

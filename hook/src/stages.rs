@@ -10,6 +10,8 @@
 //!   the hook by hand) is registered and injected here ([`crate::inject`]); any other container
 //!   is left alone.
 //! - `poststop`: the vGPU is released (by its handle when the spec has one, else by container).
+//! - `attach HANDLE` (createRuntime, from a Kubernetes claim's CDI spec: [`crate::claim`]): the
+//!   container attaches to the claim's vGPU, which its pod's containers share.
 //!
 //! Every failure is one [`HookError`] line, and undoes what the stage did, and only that: a
 //! reservation is released by the handle the stage's own request returned, and an identity
@@ -105,6 +107,14 @@ impl HookContext {
             cdi,
             pod_from_runtime: false,
         })
+    }
+
+    /// The same context, talking to the node service at `socket` (`--socket`: the socket a
+    /// claim's attach step names).
+    pub fn with_socket(mut self, socket: PathBuf) -> HookContext {
+        self.identity_dir = identity::identity_dir(&socket);
+        self.socket = socket;
+        self
     }
 
     fn client(&self, stage: &'static str) -> Result<NodeClient, HookError> {
@@ -393,8 +403,32 @@ pub fn create_runtime(
     }
 }
 
+/// `attach HANDLE` at createRuntime: a container of a Kubernetes claim's pod attaches to the
+/// claim's vGPU (see [`crate::claim`]). On failure nothing changes: the claim keeps its vGPU.
+pub fn attach_claim(ctx: &HookContext, handle: &str, input: &[u8]) -> Result<(), HookError> {
+    const STAGE: &str = "attach";
+    let fail = |message: String| HookError {
+        stage: STAGE,
+        message,
+    };
+    let handle = handle.parse::<Handle>().map_err(|_| {
+        fail(format!(
+            "{handle:?} is not a handle gpuplex wrote: the attach step is the DRA driver's, written into a claim's CDI spec"
+        ))
+    })?;
+    let state = OciState::parse(input).map_err(|e| fail(e.to_string()))?;
+    let pid = state.pid.ok_or_else(|| {
+        fail(format!(
+            "the OCI state of {} has no pid; the attach step runs at createRuntime",
+            state.id
+        ))
+    })?;
+    attach(ctx, STAGE, &handle, &state.id, pid)
+}
+
 /// Attaches the container to the reservation precreate made; on failure releases that
-/// reservation (its handle is the container's) and nothing else.
+/// reservation (its handle is the container's) and nothing else. A claim's vGPU is never
+/// released this way: it is its claim's.
 fn attach(
     ctx: &HookContext,
     stage: &'static str,

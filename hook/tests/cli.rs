@@ -124,6 +124,28 @@ fn bad_input_fails_in_one_line() {
         "poststop",
         "cannot read the configuration /nonexistent/gpuplex.toml: ",
     );
+    // A claim's attach step: a handle gpuplex never wrote (a forged spec), a state without a
+    // pid, a socket nobody listens on.
+    let socket_arg = socket.to_str().unwrap();
+    let attach = |handle: &str, input: &[u8]| {
+        hook(
+            &["--config", config, "--socket", socket_arg, "attach", handle],
+            input,
+        )
+    };
+    let handle = "0123456789abcdef0123456789abcdef";
+    one_line_error(
+        &attach("../../etc/passwd", state(bundle).as_bytes()),
+        "attach",
+        "is not a handle gpuplex wrote",
+    );
+    let no_pid = br#"{"ociVersion":"1.0.2","id":"c1","status":"creating","bundle":"/x"}"#;
+    one_line_error(&attach(handle, no_pid), "attach", "has no pid");
+    one_line_error(
+        &attach(handle, state(bundle).as_bytes()),
+        "attach",
+        "cannot reach the gpuplex node service",
+    );
     // A configuration the node service refuses, the hook refuses too, saying why as it does.
     let refused = dir.path().join("refused.toml");
     std::fs::write(&refused, "[scheduler]\nslice = \"0ms\"\n").unwrap();
@@ -140,7 +162,18 @@ fn bad_input_fails_in_one_line() {
 
 #[test]
 fn usage_errors_exit_2() {
-    for args in [&[][..], &["bogus"], &["--config"], &["precreate", "extra"]] {
+    let no_handle = ["attach"];
+    let extra = ["attach", "h", "extra"];
+    let no_socket = ["--socket"];
+    for args in [
+        &[][..],
+        &["bogus"],
+        &["--config"],
+        &["precreate", "extra"],
+        &no_handle,
+        &extra,
+        &no_socket,
+    ] {
         let out = hook(args, b"");
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         assert_eq!(

@@ -17,7 +17,7 @@ use gpuplex_dra::kubelet::{self, Sockets, PLUGIN_DIR, REGISTRY_DIR};
 use gpuplex_dra::slice::devices;
 
 const USAGE: &str = "\
-usage: gpuplex-dra [--config PATH] [--node NAME] [--cdi-dir DIR] [--registry-dir DIR] [--plugin-dir DIR]
+usage: gpuplex-dra [--config PATH] [--node NAME] [--cdi-dir DIR] [--hook PATH] [--registry-dir DIR] [--plugin-dir DIR]
 
 Runs gpuplex's DRA driver (gpuplex.io) on this node: registers with the kubelet, prepares the
 ResourceClaims it is given as vGPUs pinned where kube-scheduler placed them, and publishes this
@@ -26,6 +26,8 @@ node's ResourceSlice. The node service must run on this node.
   --config PATH       gpuplex.toml (default: $GPUPLEX_CONFIG, else /etc/gpuplex/gpuplex.toml)
   --node NAME         this node's Kubernetes name (default: $NODE_NAME; the DaemonSet sets it)
   --cdi-dir DIR       where the container runtime reads CDI specs (default: /var/run/cdi)
+  --hook PATH         gpuplex-hook on the host, the claims' attach step (default:
+                      /usr/local/bin/gpuplex-hook, where the DaemonSet installs it)
   --registry-dir DIR  the kubelet's plugin registry (default: /var/lib/kubelet/plugins_registry)
   --plugin-dir DIR    this driver's socket directory (default: /var/lib/kubelet/plugins/gpuplex.io)
   GPUPLEX_LOG         log filter (default: info)
@@ -40,6 +42,7 @@ struct Args {
     config: Option<PathBuf>,
     node: Option<String>,
     cdi_dir: PathBuf,
+    hook: PathBuf,
     registry_dir: PathBuf,
     plugin_dir: PathBuf,
 }
@@ -50,6 +53,7 @@ fn parse() -> Result<Option<Args>, String> {
         config: None,
         node: None,
         cdi_dir: PathBuf::from("/var/run/cdi"),
+        hook: PathBuf::from("/usr/local/bin/gpuplex-hook"),
         registry_dir: PathBuf::from(REGISTRY_DIR),
         plugin_dir: PathBuf::from(PLUGIN_DIR),
     };
@@ -62,6 +66,7 @@ fn parse() -> Result<Option<Args>, String> {
             Short('h') | Long("help") => return Ok(None),
             Long("config") => args.config = Some(path(&mut parser)?),
             Long("cdi-dir") => args.cdi_dir = path(&mut parser)?,
+            Long("hook") => args.hook = path(&mut parser)?,
             Long("registry-dir") => args.registry_dir = path(&mut parser)?,
             Long("plugin-dir") => args.plugin_dir = path(&mut parser)?,
             Long("node") => {
@@ -124,6 +129,7 @@ fn run(args: Args) -> Result<(), String> {
                 socket: socket.clone(),
                 cdi_dir: args.cdi_dir,
                 control_nodes: gpuplex_hook::spec::control_nodes(),
+                hook: args.hook,
             },
         );
         let publisher = SlicePublisher::new(client, &node);

@@ -31,6 +31,14 @@ fn vgpu(cdi: Option<CdiEdits>) -> VgpuReply {
     }
 }
 
+fn attach() -> CdiHook {
+    gpuplex_hook::claim::attach_hook(
+        Path::new("/usr/local/bin/gpuplex-hook"),
+        Path::new("/run/gpuplex/gpuplex.sock"),
+        &gpuplex_scheduler::Handle::from_bytes([9; 16]),
+    )
+}
+
 fn control() -> Vec<DeviceNode> {
     vec![DeviceNode {
         host_path: "/dev/nvidiactl".into(),
@@ -58,6 +66,7 @@ fn a_claims_spec_carries_precreates_edits_then_the_hosts() {
         &vgpu(Some(host)),
         Path::new("/run/gpuplex/identity/vgpu-4.json"),
         &control(),
+        attach(),
     )
     .unwrap();
     let paths: Vec<&str> = edits.device_nodes.iter().map(|d| d.path.as_str()).collect();
@@ -81,6 +90,9 @@ fn a_claims_spec_carries_precreates_edits_then_the_hosts() {
         "empty lists are left out"
     );
     assert_eq!(container["hooks"][0]["hookName"], "createContainer");
+    // The attach step comes last, after the host's hooks.
+    assert_eq!(container["hooks"][1]["hookName"], "createRuntime");
+    assert_eq!(container["hooks"][1]["args"][3], "attach");
 }
 
 #[test]
@@ -90,6 +102,7 @@ fn the_reference_parser_accepts_the_written_spec() {
         &vgpu(None),
         Path::new("/run/gpuplex/identity/vgpu-4.json"),
         &control(),
+        attach(),
     )
     .unwrap();
     let path = write(dir.path(), UID, &edits).unwrap();
@@ -97,6 +110,15 @@ fn the_reference_parser_accepts_the_written_spec() {
     let raw = container_device_interface::spec::parse_spec(&path).expect("parses");
     let spec = container_device_interface::spec::new_spec(&raw, &path, 0).expect("valid");
     assert!(spec.devices.contains_key(UID), "{:?}", spec.devices.keys());
+    // The version written is the oldest the reference crate finds it needs (podman 4.3 and
+    // containerd 1.7 read up to 0.5.0), and the file, which carries the handle, is root's.
+    let needed = container_device_interface::version::minimum_required_version(&raw).unwrap();
+    let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(written["cdiVersion"], "0.5.0");
+    assert_eq!(needed.to_string().trim_start_matches('v'), "0.5.0");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
     let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(leftovers.len(), 1, "no temporary file is left");
     remove(dir.path(), UID).unwrap();
@@ -120,7 +142,7 @@ fn a_uid_that_could_escape_the_directory_is_refused() {
     let mut bare = gone.clone();
     bare.gpus[0].device = None;
     assert!(matches!(
-        claim_edits(&bare, Path::new("/x"), &[]),
+        claim_edits(&bare, Path::new("/x"), &[], attach()),
         Err(CdiError::Incomplete(_))
     ));
 }

@@ -13,6 +13,8 @@ use gpuplex_hook::stages::{self, HookContext};
 
 const USAGE: &str = "\
 usage: gpuplex-hook [--config PATH] precreate|createRuntime|prestart|poststop
+       gpuplex-hook [--config PATH] [--socket PATH] attach HANDLE
+                                   (a Kubernetes claim's CDI spec: attaches at createRuntime)
        gpuplex-hook fail MESSAGE   (put in a spec by a failed precreate: prints MESSAGE, exits 1)
 
 gpuplex's OCI hook. The runtime runs it and passes the container on stdin: podman's precreate
@@ -21,6 +23,7 @@ pass the container's state. Containers without a gpuplex.io/ annotation are left
 
   --config PATH   gpuplex.toml, for the node socket (default: $GPUPLEX_CONFIG, else
                   /etc/gpuplex/gpuplex.toml, else /run/gpuplex/gpuplex.sock)
+  --socket PATH   the node socket, whatever the configuration says
 
 Exit codes: 0 done, 1 the stage failed (one line on stderr says why), 2 usage.";
 
@@ -59,6 +62,8 @@ fn main() -> ExitCode {
     let mut config: Option<PathBuf> = None;
     let mut stage: Option<String> = None;
     let mut fail_message: Option<String> = None;
+    let mut socket: Option<PathBuf> = None;
+    let mut handle: Option<String> = None;
     let mut parser = lexopt::Parser::from_env();
     loop {
         let arg = match parser.next() {
@@ -79,6 +84,13 @@ fn main() -> ExitCode {
                 Ok(path) => config = Some(PathBuf::from(path)),
                 Err(_) => return usage("--config needs a path"),
             },
+            Long("socket") => match parser.value() {
+                Ok(path) => socket = Some(PathBuf::from(path)),
+                Err(_) => return usage("--socket needs a path"),
+            },
+            Value(value) if stage.as_deref() == Some("attach") && handle.is_none() => {
+                handle = Some(value.to_string_lossy().into_owned());
+            }
             Value(value) if stage.is_none() => {
                 let value = value.to_string_lossy().into_owned();
                 if value == "fail" {
@@ -116,12 +128,16 @@ fn main() -> ExitCode {
         "createRuntime" | "createruntime" => "createRuntime",
         "prestart" => "prestart",
         "poststop" => "poststop",
+        "attach" => "attach",
         other => {
             return usage(&format!(
-                "unknown stage {other:?}: expected precreate, createRuntime, prestart or poststop"
+                "unknown stage {other:?}: expected precreate, createRuntime, prestart, poststop or attach"
             ))
         }
     };
+    if stage == "attach" && handle.is_none() {
+        return usage("attach needs the claim's handle");
+    }
     if let Err(e) = drop_capabilities(stage) {
         eprintln!("gpuplex-hook {stage}: cannot drop capabilities: {e}");
         return ExitCode::from(1);
@@ -134,7 +150,7 @@ fn main() -> ExitCode {
         eprintln!("gpuplex-hook {stage}: cannot read stdin: {e}");
         return ExitCode::from(1);
     }
-    if !stages::concerns_gpuplex(stage, &input) {
+    if stage != "attach" && !stages::concerns_gpuplex(stage, &input) {
         // Not a gpuplex container: precreate hands the config back as it came.
         if stage == "precreate" {
             let mut out = std::io::stdout();
@@ -144,7 +160,11 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let result = HookContext::from_config(stage, config.as_deref()).and_then(|ctx| match stage {
+    let context = HookContext::from_config(stage, config.as_deref()).map(|ctx| match socket {
+        Some(s) => ctx.with_socket(s),
+        None => ctx,
+    });
+    let result = context.and_then(|ctx| match stage {
         "precreate" => stages::precreate_for_podman(&ctx, &input).and_then(|out| {
             std::io::stdout()
                 .write_all(&out)
@@ -155,6 +175,7 @@ fn main() -> ExitCode {
                 })
         }),
         "createRuntime" | "prestart" => stages::create_runtime(&ctx, stage, &input),
+        "attach" => stages::attach_claim(&ctx, handle.as_deref().unwrap_or_default(), &input),
         _ => stages::poststop(&ctx, &input),
     });
     match result {

@@ -2,6 +2,11 @@
 //! same function podman's precreate hook runs), attach the container once it has a pid,
 //! release it at delete. The node service is started, as a daemon of this binary, the first
 //! time a container needs it and it is not running.
+//!
+//! A container of a Kubernetes claim comes with its vGPU pinned already: the claim's CDI
+//! device, which the runtime applied, ends with the attach step ([`gpuplex_hook::claim`]). The
+//! shim takes that hook out of the spec and attaches the container itself, with the claim's
+//! handle, instead of reserving; its delete releases nothing (the claim's vGPU is the claim's).
 
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
@@ -79,9 +84,8 @@ pub enum VgpuError {
 /// A container's vGPU, as the shim holds it from `Create` to `Delete`.
 #[derive(Clone, Copy, Debug)]
 pub struct Reserved {
-    /// Its id.
-    pub vgpu: VgpuId,
-    /// The handle it was reserved with: what attaches and releases it.
+    /// The handle it was reserved (or its claim pinned) with: what attaches the container, and
+    /// releases a vGPU that is not a claim's.
     pub handle: Handle,
 }
 
@@ -133,32 +137,50 @@ impl NodeLink {
             path: path.clone(),
             source,
         })?;
+        if let Some(claimed) = self.claimed(bundle, &proposed)? {
+            return Ok(Some(claimed));
+        }
         if !stages::concerns_gpuplex("precreate", &proposed) || is_sandbox(&proposed) {
             return Ok(None);
         }
         let ctx = self.ctx()?;
         self.ensure_service(ctx)?;
-        let Some(Prepared {
-            config,
-            vgpu,
-            handle,
-        }) = stages::prepare(ctx, &proposed).map_err(VgpuError::Refused)?
+        let Some(Prepared { config, handle, .. }) =
+            stages::prepare(ctx, &proposed).map_err(VgpuError::Refused)?
         else {
             return Ok(None);
         };
-        let reserved = Reserved { vgpu, handle };
-        let temp = bundle.join(".config.json.gpuplex");
-        let written = std::fs::write(&temp, &config).and_then(|()| std::fs::rename(&temp, &path));
-        if let Err(source) = written {
-            let _ = std::fs::remove_file(&temp);
+        let reserved = Reserved { handle };
+        if let Err(e) = write_config(bundle, &config) {
             self.release(&reserved);
-            return Err(VgpuError::Io {
-                action: "write",
-                path,
-                source,
-            });
+            return Err(e);
         }
         Ok(Some(reserved))
+    }
+
+    /// A container of a Kubernetes claim (its spec has the claim's attach step): the spec
+    /// without the step, and the claim's handle to attach with.
+    fn claimed(&self, bundle: &Path, proposed: &[u8]) -> Result<Option<Reserved>, VgpuError> {
+        let refused = |message: String| {
+            VgpuError::Refused(HookError {
+                stage: "create",
+                message,
+            })
+        };
+        let Ok(mut config) = serde_json::from_slice::<Value>(proposed) else {
+            return Ok(None);
+        };
+        let Some(handle) = gpuplex_hook::claim::take_attach_hook(&mut config).map_err(refused)?
+        else {
+            return Ok(None);
+        };
+        if stages::concerns_gpuplex("precreate", proposed) {
+            return Err(refused("the container asks for two vGPUs: its claim's (a gpuplex.io/vgpu CDI device) and one by gpuplex.io/ annotations; a claim's container takes its weight and priority from the claim's VgpuConfig".into()));
+        }
+        self.ensure_service(self.ctx()?)?;
+        let config = serde_json::to_vec(&config).map_err(|e| refused(e.to_string()))?;
+        write_config(bundle, &config)?;
+        Ok(Some(Reserved { handle }))
     }
 
     /// Attaches container `id`, whose init is `pid` (created, not started), to its reservation.
@@ -212,14 +234,20 @@ impl NodeLink {
     }
 
     /// Releases a container's reservation, by its handle; best effort: the service also
-    /// releases a container whose processes are gone.
+    /// releases a container whose processes are gone. A claim's vGPU is not released (the
+    /// service refuses it a handle's release): the service lets the container go at its exit.
     pub fn release(&self, reserved: &Reserved) {
         let Ok(ctx) = self.ctx() else { return };
         let Ok(mut client) = NodeClient::connect(&ctx.socket) else {
             return;
         };
-        if let Ok(Some(_)) = client.release(&ReleaseKey::Handle(reserved.handle)) {
-            let _ = identity::remove(&ctx.identity_dir, reserved.vgpu);
+        let released = client.release(&ReleaseKey::Handle(reserved.handle));
+        if let Some(vgpu) = released
+            .ok()
+            .flatten()
+            .and_then(|v| v.id.parse::<VgpuId>().ok())
+        {
+            let _ = identity::remove(&ctx.identity_dir, vgpu);
         }
     }
 
@@ -290,6 +318,21 @@ impl NodeLink {
             last,
         })
     }
+}
+
+/// Writes a bundle's config.json in place, by rename.
+fn write_config(bundle: &Path, config: &[u8]) -> Result<(), VgpuError> {
+    let path = bundle.join("config.json");
+    let temp = bundle.join(".config.json.gpuplex");
+    let written = std::fs::write(&temp, config).and_then(|()| std::fs::rename(&temp, &path));
+    written.map_err(|source| {
+        let _ = std::fs::remove_file(&temp);
+        VgpuError::Io {
+            action: "write",
+            path,
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
