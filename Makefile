@@ -9,6 +9,8 @@
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 #   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
 #               `make test`, which replays what the fuzzers found (fuzz/regressions/)
+#   make image  the node image of config/kubernetes/gpuplex.yaml (localhost/gpuplex:0.1.0) with
+#               podman, from the release binaries (PROFILE=debug: the debug ones); no registry
 
 CARGO  ?= cargo
 PREFIX ?= /usr/local
@@ -18,7 +20,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties fuzz install
+.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties fuzz install image image-deps
 
 all: build
 
@@ -100,6 +102,35 @@ fuzz:
 			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || failed="$$failed $$t"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: found something in:$$failed (see fuzz/artifacts/)"; exit 1; fi
+
+# The image the DaemonSet of config/kubernetes/gpuplex.yaml runs: `FROM scratch`
+# (config/image/Containerfile) with the four binaries, the shared libraries they link and Debian's
+# static busybox for the init container's shell, staged by config/image/stage.sh under
+# target/image/ (no base image is pulled, no registry is needed). Load it into a node's
+# containerd with `podman save localhost/gpuplex:0.1.0 | ctr -n k8s.io images import -`.
+# PROFILE=debug builds it from the debug binaries (what dra/tests/image.rs checks, quicker to
+# build); PODMAN="podman --storage-driver vfs" where overlay does not work.
+IMAGE   ?= localhost/gpuplex:0.1.0
+PROFILE ?= release
+PODMAN  ?= podman
+IMAGE_PACKAGES = podman busybox-static
+
+image-deps:
+	@missing=""; for p in $(IMAGE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing:$$missing"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null || \
+			{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null; }; \
+		else \
+			echo "make image needs$$missing: apt-get install$$missing (as root)"; exit 1; \
+		fi; \
+	fi
+
+image: image-deps
+	$(CARGO) build $(if $(filter release,$(PROFILE)),--release,$(if $(filter debug,$(PROFILE)),,--profile $(PROFILE))) --locked --workspace --bins
+	bash config/image/stage.sh target/$(PROFILE) target/image/$(PROFILE)
+	$(PODMAN) build --tag $(IMAGE) --file config/image/Containerfile target/image/$(PROFILE)
 
 # Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the DRA plugin
 # (gpuplex-dra), the Kubernetes manifests, the hook and its
