@@ -37,21 +37,26 @@ demo: test-deps build
 		./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO); \
 	fi
 
-# What the end-to-end tests run (tests/: podman, runc, containerd;
-# ../shared/notes/container-stack.md), from Debian, installed when missing (as root; without root
-# the tests that need them skip).
-TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static containerd protobuf-compiler
-test-deps:
-	@missing=""; for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES,NOT ROOT): installs those of the Debian PACKAGES that are missing
+# (as root; an `apt-get update` only when the first try fails); without root it runs the shell
+# command NOT ROOT instead, with $$missing naming them.
+apt_install = missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "installing:$$missing"; \
 			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null || \
 			{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null; }; \
 		else \
-			echo "not root: not installing$$missing (the tests that need them will skip)"; \
+			$(2); \
 		fi; \
 	fi
+
+# What the end-to-end tests run (tests/: podman, runc, containerd;
+# ../shared/notes/container-stack.md), from Debian, installed when missing (as root; without root
+# the tests that need them skip).
+TEST_PACKAGES = runc crun podman conmon fuse-overlayfs slirp4netns uidmap busybox-static containerd protobuf-compiler
+test-deps:
+	@$(call apt_install,$(TEST_PACKAGES),echo "not root: not installing$$missing (the tests that need them will skip)")
 
 # The integration tests run the workspace's binaries (found by gpuplex_integration::bin, which
 # refuses one older than its sources); `cargo test` builds only those of packages with tests/.
@@ -116,16 +121,7 @@ PODMAN  ?= podman
 IMAGE_PACKAGES = podman busybox-static
 
 image-deps:
-	@missing=""; for p in $(IMAGE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			echo "installing:$$missing"; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null || \
-			{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null; }; \
-		else \
-			echo "make image needs$$missing: apt-get install$$missing (as root)"; exit 1; \
-		fi; \
-	fi
+	@$(call apt_install,$(IMAGE_PACKAGES),echo "make image needs$$missing: apt-get install$$missing (as root)"; exit 1)
 
 image: image-deps
 	$(CARGO) build $(if $(filter release,$(PROFILE)),--release,$(if $(filter debug,$(PROFILE)),,--profile $(PROFILE))) --locked --workspace --bins
