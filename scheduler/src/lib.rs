@@ -68,6 +68,7 @@ pub mod request;
 pub mod sim;
 pub mod time;
 pub mod toml_place;
+pub mod units;
 pub mod windows;
 
 use std::fmt;
