@@ -197,13 +197,16 @@ fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
             "CUDA_VISIBLE_DEVICES=GPU-fake-1"
         );
 
-        // Prepare again: the same answer, nothing more reserved.
+        // Prepare again: the same answer, nothing more reserved, and the same spec (its attach
+        // step keeps the claim's handle, not the retry's).
+        let written = std::fs::read(&specs(&cdi_dir)[0]).unwrap();
         let again = dra
             .node_prepare_resources(request)
             .await
             .unwrap()
             .into_inner();
         assert_eq!(again, prepared);
+        assert_eq!(std::fs::read(&specs(&cdi_dir)[0]).unwrap(), written);
         assert_eq!(
             service.status()["reservations"].as_array().unwrap().len(),
             1

@@ -602,8 +602,8 @@ impl Node {
                 ok: true,
                 vgpu: node.record(vgpu).map(|r| {
                     let mut reply = node.vgpu_reply(r);
-                    if reserving && (r.handle == fresh || pinning) {
-                        reply.handle = Some(fresh.to_string());
+                    if pinning || (reserving && r.handle == fresh) {
+                        reply.handle = Some(r.handle.to_string());
                     }
                     reply
                 }),

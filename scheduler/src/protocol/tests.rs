@@ -604,3 +604,23 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn pinning_again_answers_with_the_claims_own_handle() {
+    let mut node = node();
+    let pin = || Request::Pin {
+        claim: "claim-1".into(),
+        placement: Placement {
+            gpus: vec![GpuIndex(0)],
+            memory: 4 << 30,
+        },
+        annotations: BTreeMap::new(),
+    };
+    let first = node.handle(pin(), fresh(), at(0));
+    let other: Handle = "fedcba9876543210fedcba9876543210".parse().unwrap();
+    let again = node.handle(pin(), other, at(1));
+    let handle = |r: &Reply| r.vgpu.as_ref().unwrap().handle.clone().unwrap();
+    assert_eq!(handle(&first), HANDLE);
+    // The retry's fresh draw is not the claim's: its CDI spec keeps attaching.
+    assert_eq!(handle(&again), HANDLE);
+}
