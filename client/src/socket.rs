@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use gpuplex_scheduler::node::{Attachment, NodeStatus, Placement, ReleaseKey, Target};
 use gpuplex_scheduler::protocol::{Reply, Request, VgpuReply};
+use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
 
@@ -204,6 +205,20 @@ impl NodeClient {
         pid: u32,
         unstarted: bool,
     ) -> Result<VgpuReply, ClientError> {
+        self.attach_asking(handle, id, pid, unstarted, &BTreeMap::new())
+    }
+
+    /// [`NodeClient::attach`] for a container of the device plugin's allocation, with the
+    /// weight, priority and pod it asks for its vGPU (`asked`: its `gpuplex.io/weight`,
+    /// `gpuplex.io/priority` and pod name and namespace annotations).
+    pub fn attach_asking(
+        &mut self,
+        handle: &Handle,
+        id: &str,
+        pid: u32,
+        unstarted: bool,
+        asked: &BTreeMap<String, String>,
+    ) -> Result<VgpuReply, ClientError> {
         let reply = self.request(&Request::Attach {
             handle: *handle,
             attachment: Attachment {
@@ -211,6 +226,17 @@ impl NodeClient {
                 target: Target::Pid(pid),
             },
             unstarted,
+            asked: asked.clone(),
+        })?;
+        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// Pins the vGPU of the device plugin's `units` (each `unit` bytes) that the kubelet gave
+    /// one container; the reply has its handle and CDI edits, the same for the same units again.
+    pub fn allocate(&mut self, units: &[UnitId], unit: u64) -> Result<VgpuReply, ClientError> {
+        let reply = self.request(&Request::Allocate {
+            units: units.to_vec(),
+            unit,
         })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
     }
@@ -444,6 +470,7 @@ mod tests {
                 handle,
                 attachment: attachment(Target::Pid(42)),
                 unstarted: true,
+                asked: BTreeMap::new(),
             },
             Request::Register {
                 annotations,

@@ -70,6 +70,10 @@ pub struct SavedVgpu {
     /// keeps it reserved, attached or not. Written only for a pinned vGPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<String>,
+    /// The device plugin's units it was allocated for (`gpu-<index>-<n>`), with `claim` its
+    /// allocation's key. Written only for an allocation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<String>,
 }
 
 /// A GPU of a saved vGPU.
@@ -587,6 +591,7 @@ mod tests {
             shared: Vec::new(),
             held: false,
             claim: None,
+            units: Vec::new(),
         }
     }
 

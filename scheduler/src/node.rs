@@ -69,6 +69,10 @@ pub struct VgpuRecord {
     /// The Kubernetes ResourceClaim (its uid) it was pinned for ([`Node::pin`]): the cluster's
     /// scheduler chose its GPUs and memory; it never lapses and is released by its claim.
     pub claim: Option<String>,
+    /// The device plugin's units it was allocated for ([`Node::allocate`]), ascending; empty
+    /// for any other vGPU. An allocation is pinned under the claim key
+    /// [`allocated::allocation_key`].
+    pub units: Vec<crate::units::UnitId>,
 }
 
 impl VgpuRecord {
@@ -209,8 +213,17 @@ pub enum NodeError {
         /// Its vGPU.
         vgpu: VgpuId,
     },
+    /// The device plugin's units cannot make an allocation.
+    #[error(transparent)]
+    Units(#[from] crate::units::UnitsError),
+    /// A container asked a weight or priority of a vGPU that is not an allocation's.
+    #[error("{0} was given its weight and priority when it was reserved; its container cannot ask for them again")]
+    NotAnAllocation(VgpuId),
+    /// A container of an allocation asked for what its units decide.
+    #[error("{0} is decided by the gpuplex.io/gpu-memory units the kubelet gave the container: only gpuplex.io/weight and gpuplex.io/priority may be asked for with them")]
+    AskedOfAllocation(String),
     /// A claim uid that cannot name a claim.
-    #[error("`{0}` is not a claim uid: it must be 1 to 128 characters without spaces or control characters")]
+    #[error("`{0}` is not a claim uid: it must be 1 to 128 characters without spaces or control characters, and not start with `units-`")]
     BadClaimUid(String),
     /// A pinned placement that names no GPU, a GPU twice, or no memory.
     #[error("the placement {0}")]
@@ -383,6 +396,7 @@ impl Node {
             reserved_at: now,
             attachments: Vec::new(),
             claim: None,
+            units: Vec::new(),
         };
         Ok(self.records.entry(id).or_insert(record))
     }
@@ -728,8 +742,10 @@ fn check_container_id(id: &str) -> Result<(), NodeError> {
     Ok(())
 }
 
+mod allocated;
 mod pinned;
 mod status;
+pub use allocated::{allocation_key, Allocated, ALLOCATION_PREFIX};
 pub use pinned::Placement;
 pub use status::{ContainerState, ContainerStatus, GpuStatus, NodeStatus, ReservationStatus};
 

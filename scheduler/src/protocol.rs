@@ -4,6 +4,7 @@
 //! ```text
 //! {"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}
 //! {"op":"attach","handle":"<32 hex digits>","container":"c0ffee","pid":4242,"unstarted":true}
+//! {"op":"attach","handle":"<32 hex digits>","container":"c0ffee","pid":4242,"unstarted":true,"annotations":{"gpuplex.io/weight":"2"}}
 //! {"op":"register","annotations":{"gpuplex.io/weight":"2"},"container":"job-7","cgroup":"/sys/fs/cgroup/freezer/jobs/7"}
 //! {"op":"release","handle":"<32 hex digits>"}     (or "container":"c0ffee", or "vgpu":"vgpu-1")
 //! {"op":"hold","container":"c0ffee"}               (or "vgpu":"vgpu-1")
@@ -11,8 +12,17 @@
 //! {"op":"stopping","container":"c0ffee","signal":"SIGTERM"}   (SIGTERM, SIGINT, SIGQUIT or SIGKILL)
 //! {"op":"pin","claim":"<uid>","gpus":[0],"memory":8589934592,"annotations":{"gpuplex.io/weight":"2"}}
 //! {"op":"release","claim":"<uid>"}
+//! {"op":"allocate","units":["gpu-1-0","gpu-1-1"],"unit":1073741824}
 //! {"op":"status"}
 //! ```
+//!
+//! `allocate` is the device plugin's (clusters without DRA): the kubelet gave a container these
+//! units of `gpuplex.io/gpu-memory`, each `unit` bytes; the node pins their vGPU on their GPU as
+//! `pin` does, under the claim key `units-<lowest unit>`, first releasing allocations that held any
+//! of them (see [`crate::node::Node::allocate`]). The same units again answer with the same vGPU
+//! and its handle. An `attach` with `annotations` (the weight, priority and pod of the container)
+//! is an allocation's container's: its first container sets them (see
+//! [`crate::node::Node::attach_asking`]); any other vGPU refuses them.
 //!
 //! `pin` is the DRA driver's: kube-scheduler allocated a ResourceClaim (its `uid`) on these
 //! GPUs with this much memory on each, and the node reserves exactly that, never lapsing, until
@@ -60,6 +70,7 @@ use crate::node::{
 };
 use crate::quantity::shown;
 use crate::request::Priority;
+use crate::units::UnitId;
 use crate::windows::StopSignal;
 use crate::{GpuIndex, Handle, Instant, VgpuId};
 
@@ -71,8 +82,9 @@ use cdi::CdiEdits;
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 9] = [
-    "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "pin", "status",
+pub const OPERATIONS: [&str; 10] = [
+    "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "pin", "allocate",
+    "status",
 ];
 
 /// The signals a `stopping` request names, and what each is to the scheduler; a request is
@@ -100,6 +112,9 @@ pub enum Request {
         attachment: Attachment,
         /// Its init has not started the container's program yet (see the module doc).
         unstarted: bool,
+        /// What an allocation's container asks for its vGPU: `gpuplex.io/weight`,
+        /// `gpuplex.io/priority` and its pod's name and namespace; empty for any other.
+        asked: BTreeMap<String, String>,
     },
     /// Reserve and attach at once.
     Register {
@@ -136,6 +151,13 @@ pub enum Request {
         /// and its pod's namespace.
         annotations: BTreeMap<String, String>,
     },
+    /// Pin the vGPU of the device plugin's units that the kubelet gave one container.
+    Allocate {
+        /// The units, all on one GPU.
+        units: Vec<UnitId>,
+        /// One unit's size in bytes.
+        unit: u64,
+    },
     /// The node's status.
     Status,
 }
@@ -160,9 +182,11 @@ impl Request {
                 handle,
                 attachment,
                 unstarted,
+                asked,
             } => WireRequest {
                 handle: Some(handle.to_string()),
                 unstarted: *unstarted,
+                annotations: (!asked.is_empty()).then_some(asked),
                 ..WireRequest::op("attach").attached(attachment)
             },
             Request::Register {
@@ -195,6 +219,11 @@ impl Request {
                 memory: Some(placement.memory),
                 annotations: Some(annotations),
                 ..WireRequest::op("pin")
+            },
+            Request::Allocate { units, unit } => WireRequest {
+                units: Some(units.iter().map(UnitId::to_string).collect()),
+                unit: Some(*unit),
+                ..WireRequest::op("allocate")
             },
             Request::Status => WireRequest::op("status"),
         }
@@ -233,6 +262,10 @@ struct WireRequest<'a> {
     gpus: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     memory: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    units: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<u64>,
 }
 
 impl<'a> WireRequest<'a> {
@@ -280,7 +313,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {}", shown(.0))]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, status", shown(.0))]
+    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status", shown(.0))]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {}", shown(.message))]
@@ -421,13 +454,11 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                 .ok_or_else(|| field("missing field `handle`".into()))?;
             let handle = handle.parse().map_err(|e| field(format!("handle: {e}")))?;
             let attachment = f.attachment().map_err(field)?;
-            if f.annotations.is_some() {
-                return Err(field("unknown field `annotations`".into()));
-            }
             Ok(Request::Attach {
                 handle,
                 attachment,
                 unstarted: f.unstarted,
+                asked: f.annotations.unwrap_or_default(),
             })
         }
         "register" => {
@@ -488,6 +519,26 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                     memory: f.memory,
                 },
                 annotations: f.annotations,
+            })
+        }
+        "allocate" => {
+            let f: AllocateFields =
+                serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
+            if f.units.len() > MAX_UNITS {
+                return Err(field(format!(
+                    "{} units; at most {MAX_UNITS} make one allocation",
+                    f.units.len()
+                )));
+            }
+            let units = (f.units.iter().map(|u| u.parse()))
+                .collect::<Result<Vec<UnitId>, _>>()
+                .map_err(|e: crate::units::UnitsError| field(e.to_string()))?;
+            if f.unit == 0 {
+                return Err(field("unit must be above 0 bytes".into()));
+            }
+            Ok(Request::Allocate {
+                units,
+                unit: f.unit,
             })
         }
         _ => {
@@ -586,6 +637,16 @@ struct PinFields {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AllocateFields {
+    units: Vec<String>,
+    unit: u64,
+}
+
+/// The most units one `allocate` names (a line holds about 6,000 at most anyway).
+pub const MAX_UNITS: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct StatusFields {}
 
 impl Node {
@@ -594,7 +655,7 @@ impl Node {
     pub fn handle(&mut self, request: Request, fresh: Handle, now: Instant) -> Reply {
         // Only a request that reserves shows a handle, and only the one it reserved with; a pin
         // shows its claim's (see the module doc).
-        let pinning = matches!(request, Request::Pin { .. });
+        let pinning = matches!(request, Request::Pin { .. } | Request::Allocate { .. });
         let reserving =
             pinning || matches!(request, Request::Reserve { .. } | Request::Register { .. });
         let done = |node: &Node, result: Result<VgpuId, NodeError>| match result {
@@ -623,9 +684,14 @@ impl Node {
                 done(self, result)
             }
             Request::Attach {
-                handle, attachment, ..
+                handle,
+                attachment,
+                asked,
+                ..
             } => {
-                let result = self.attach(&handle, attachment, now).map(|r| r.id);
+                let result = self
+                    .attach_asking(&handle, attachment, &asked, now)
+                    .map(|r| r.id);
                 done(self, result)
             }
             Request::Register {
@@ -664,6 +730,10 @@ impl Node {
                 let result = self
                     .pin(&claim, pairs, &placement, fresh, now)
                     .map(|r| r.id);
+                done(self, result)
+            }
+            Request::Allocate { units, unit } => {
+                let result = self.allocate(&units, unit, fresh, now).map(|a| a.vgpu);
                 done(self, result)
             }
             Request::Status => Reply {

@@ -167,13 +167,18 @@ pub fn preferred(
 /// the refusal's advice. Refused when an id is not a unit, a unit comes twice, or the units are
 /// on more than one GPU.
 pub fn placement(ids: &[String], unit: u64, most: u64) -> Result<Placement, UnitsError> {
-    let mut units: Vec<UnitId> = Vec::with_capacity(ids.len());
-    for id in ids {
-        let u: UnitId = id.parse()?;
-        if units.contains(&u) {
-            return Err(UnitsError::Twice(u));
-        }
-        units.push(u);
+    let units = ids
+        .iter()
+        .map(|id| id.parse())
+        .collect::<Result<Vec<UnitId>, _>>()?;
+    placement_of(&units, unit, most)
+}
+
+/// [`placement`] of units already read.
+pub fn placement_of(units: &[UnitId], unit: u64, most: u64) -> Result<Placement, UnitsError> {
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = units.iter().find(|u| !seen.insert(**u)) {
+        return Err(UnitsError::Twice(*twice));
     }
     let mut gpus: Vec<GpuIndex> = units.iter().map(|u| u.gpu).collect();
     gpus.sort();

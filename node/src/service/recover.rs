@@ -237,6 +237,9 @@ impl Service {
             reserved_at: now - age,
             attachments: members.iter().map(|m| m.0.clone()).collect(),
             claim: saved.claim.clone(),
+            units: (saved.units.iter().map(|u| u.parse()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("its units: {e}"))?,
         };
         self.node.restore(record, now).map_err(|e| e.to_string())?;
         let members: Vec<Member> = members

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::protocol::cdi::CdiEdits;
 use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
+use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::{Handle, VgpuId};
 
 use super::enforce::{Enforced, Member};
@@ -42,7 +43,8 @@ impl Service {
                 handle,
                 attachment,
                 unstarted,
-            } => self.attach(&handle, attachment, unstarted),
+                asked,
+            } => self.attach(&handle, attachment, unstarted, &asked),
             Request::Register {
                 annotations,
                 attachment,
@@ -53,6 +55,7 @@ impl Service {
                 placement,
                 annotations,
             } => self.pin(&claim, &placement, &annotations),
+            Request::Allocate { units, unit } => self.allocate(&units, unit),
         }
     }
 
@@ -136,6 +139,52 @@ impl Service {
         new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
+    /// Pins the vGPU of the device plugin's units, saved before the reply, after releasing the
+    /// allocations that held any of them (their containers thawed, their files removed); the
+    /// same units again get the same vGPU, handle and edits.
+    fn allocate(&mut self, units: &[UnitId], unit: u64) -> Reply {
+        if let Some(refused) = self.no_gpu() {
+            return refused;
+        }
+        let fresh = match fresh_handle() {
+            Ok(h) => h,
+            Err(e) => return Reply::error(e),
+        };
+        let now = self.now();
+        let allocated = self.node.allocate(units, unit, fresh, now);
+        let allocated = match allocated {
+            Ok(a) => a,
+            Err(e) => return Reply::error(e),
+        };
+        for released in &allocated.released {
+            let vgpu = released.record.id;
+            let key = released.record.claim.as_deref().unwrap_or_default();
+            tracing::info!("{vgpu}: released, the kubelet gave its units ({key}...) again");
+            self.forget(vgpu);
+        }
+        let vgpu = allocated.vgpu;
+        let handle = self.node.record(vgpu).map(|r| r.handle).unwrap_or(fresh);
+        if handle != fresh {
+            let gpus = self.gpu_uuids_of(vgpu);
+            let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
+            let cdi = self.cdi.edits_for(&gpus).ok().flatten();
+            return new_vgpu(self.reply(vgpu), handle, cdi);
+        }
+        let cdi = match self.cdi_edits(vgpu) {
+            Ok(cdi) => cdi,
+            Err(refused) => return Reply::error(refused),
+        };
+        if let Err(e) = self.save_new(vgpu) {
+            return Reply::error(e);
+        }
+        tracing::info!(
+            "{vgpu}: allocated on GPU {} for {} unit(s) of the device plugin",
+            self.gpus_of(vgpu),
+            units.len()
+        );
+        new_vgpu(self.reply(vgpu), handle, cdi)
+    }
+
     /// A vGPU's GPUs with their UUIDs, as the CDI registry chooses edits for them.
     fn gpu_uuids_of(&self, vgpu: VgpuId) -> Vec<(u32, String)> {
         let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
@@ -158,7 +207,13 @@ impl Service {
         edits
     }
 
-    fn attach(&mut self, handle: &Handle, attachment: Attachment, unstarted: bool) -> Reply {
+    fn attach(
+        &mut self,
+        handle: &Handle,
+        attachment: Attachment,
+        unstarted: bool,
+        asked: &BTreeMap<String, String>,
+    ) -> Reply {
         if let Some(vgpu) = self.node.vgpu_with(handle) {
             let record = self.node.record(vgpu);
             if record.is_some_and(|r| r.containers().any(|c| c == attachment.container)) {
@@ -169,7 +224,8 @@ impl Service {
             Ok(c) => c,
             Err(e) => return Reply::error(e),
         };
-        let vgpu = match self.node.attach(handle, attachment.clone(), self.now()) {
+        let now = self.now();
+        let vgpu = match (self.node).attach_asking(handle, attachment.clone(), asked, now) {
             Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
@@ -498,6 +554,7 @@ fn saved_vgpu(
         shared: Vec::new(),
         held,
         claim: record.claim.clone(),
+        units: record.units.iter().map(|u| u.to_string()).collect(),
     }
 }
 

@@ -59,6 +59,21 @@ impl Node {
         handle: Handle,
         now: Instant,
     ) -> Result<&VgpuRecord, NodeError> {
+        if claim.starts_with(super::allocated::ALLOCATION_PREFIX) {
+            return Err(NodeError::BadClaimUid(claim.to_owned()));
+        }
+        self.pin_unchecked(claim, annotations, placement, handle, now)
+    }
+
+    /// [`Node::pin`] under any claim key, an allocation's too ([`Node::allocate`]).
+    pub(super) fn pin_unchecked<'a>(
+        &mut self,
+        claim: &str,
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        placement: &Placement,
+        handle: Handle,
+        now: Instant,
+    ) -> Result<&VgpuRecord, NodeError> {
         check_claim_uid(claim)?;
         let gpus = placement.sorted_gpus()?;
         let memory = GpuMemory::Bytes(placement.memory);
@@ -118,6 +133,7 @@ impl Node {
             reserved_at: now,
             attachments: Vec::new(),
             claim: Some(claim.to_owned()),
+            units: Vec::new(),
         };
         Ok(self.records.entry(id).or_insert(record))
     }

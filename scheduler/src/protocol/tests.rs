@@ -52,6 +52,26 @@ fn every_request_form_reads() {
                     target: Target::Pid(42),
                 },
                 unstarted: true,
+                asked: BTreeMap::new(),
+            },
+        ),
+        (
+            r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42,"annotations":{"gpuplex.io/weight":"2"}}"#,
+            Request::Attach {
+                handle: fresh(),
+                attachment: Attachment {
+                    container: "c1".into(),
+                    target: Target::Pid(42),
+                },
+                unstarted: false,
+                asked: annotations(&[("gpuplex.io/weight", "2")]),
+            },
+        ),
+        (
+            r#"{"op":"allocate","units":["gpu-1-0","gpu-1-1"],"unit":1073741824}"#,
+            Request::Allocate {
+                units: vec!["gpu-1-0".parse().unwrap(), "gpu-1-1".parse().unwrap()],
+                unit: 1 << 30,
             },
         ),
         (
@@ -152,8 +172,25 @@ fn each_request_is_written_as_the_protocol_says() {
                 handle: fresh(),
                 attachment: by_pid.clone(),
                 unstarted: true,
+                asked: BTreeMap::new(),
             },
             r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42,"unstarted":true}"#,
+        ),
+        (
+            Request::Attach {
+                handle: fresh(),
+                attachment: by_pid.clone(),
+                unstarted: true,
+                asked: annotations(&[("gpuplex.io/priority", "low")]),
+            },
+            r#"{"op":"attach","annotations":{"gpuplex.io/priority":"low"},"handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42,"unstarted":true}"#,
+        ),
+        (
+            Request::Allocate {
+                units: vec!["gpu-0-3".parse().unwrap()],
+                unit: 512 << 20,
+            },
+            r#"{"op":"allocate","units":["gpu-0-3"],"unit":536870912}"#,
         ),
         (
             Request::Register {
@@ -259,15 +296,30 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
     let signal = prop_oneof![Just(StopSignal::Graceful), Just(StopSignal::Kill)];
     prop_oneof![
         annotations().prop_map(|annotations| Request::Reserve { annotations }),
-        (handle(), attachment.clone(), any::<bool>()).prop_map(
-            |(handle, attachment, unstarted)| {
+        (handle(), attachment.clone(), any::<bool>(), annotations()).prop_map(
+            |(handle, attachment, unstarted, asked)| {
                 Request::Attach {
                     handle,
                     attachment,
                     unstarted,
+                    asked,
                 }
             }
         ),
+        (
+            proptest::collection::vec((any::<u32>(), any::<u32>()), 0..6),
+            1u64..
+        )
+            .prop_map(|(units, unit)| Request::Allocate {
+                units: units
+                    .into_iter()
+                    .map(|(gpu, n)| crate::units::UnitId {
+                        gpu: GpuIndex(gpu),
+                        n
+                    })
+                    .collect(),
+                unit,
+            }),
         (annotations(), attachment, any::<bool>()).prop_map(
             |(annotations, attachment, unstarted)| Request::Register {
                 annotations,
@@ -358,8 +410,24 @@ fn every_malformed_line_gets_its_own_one_line_error() {
             "is not an absolute path",
         ),
         (
-            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1,"annotations":{}}"#,
-            "attach: unknown field `annotations`",
+            br#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1,"annotations":{"a":1}}"#,
+            "attach: invalid type: integer `1`, expected a string",
+        ),
+        (
+            br#"{"op":"allocate","units":["gpu-1-0"]}"#,
+            "allocate: missing field `unit`",
+        ),
+        (
+            br#"{"op":"allocate","units":["gpu-1-0"],"unit":0}"#,
+            "allocate: unit must be above 0 bytes",
+        ),
+        (
+            br#"{"op":"allocate","units":["gpu-01-0"],"unit":1}"#,
+            "is not a gpuplex.io/gpu-memory unit",
+        ),
+        (
+            br#"{"op":"allocate","units":["gpu-1-0"],"unit":1,"claim":"x"}"#,
+            "allocate: unknown field `claim`",
         ),
         (
             br#"{"op":"register","handle":"0123456789abcdef0123456789abcdef","container":"c","pid":1}"#,
@@ -411,7 +479,7 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"pause","container":"c"}"#,
-            "one of reserve, attach, register, release, hold, unhold, stopping, pin, status",
+            "one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status",
         ),
     ];
     for (line, expected) in cases {
