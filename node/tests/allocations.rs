@@ -39,9 +39,15 @@ fn units_are_pinned_weighted_by_their_container_and_end_when_given_again() {
     assert_eq!(status["reservations"][0]["claim"], "units-gpu-1-0");
     // A retry: the same vGPU and handle.
     let again = allocate(&service, &["gpu-1-3", "gpu-1-2", "gpu-1-1", "gpu-1-0"]);
-    assert_eq!((&again["vgpu"]["id"], &again["vgpu"]["handle"]), (&vgpu, &json!(handle)));
+    assert_eq!(
+        (&again["vgpu"]["id"], &again["vgpu"]["handle"]),
+        (&vgpu, &json!(handle))
+    );
     let spread = allocate(&service, &["gpu-0-0", "gpu-1-9"]);
-    assert!(spread["error"].as_str().unwrap().contains("on GPUs 0, 1"), "{spread}");
+    assert!(
+        spread["error"].as_str().unwrap().contains("on GPUs 0, 1"),
+        "{spread}"
+    );
 
     // Its container brings the pod's weight; well past reservation_ttl, nothing lapses.
     let mut c = TestCgroup::new(V1, "units-a");

@@ -40,8 +40,12 @@ pub const VGPU_ID: &str = "gpuplex.io/vgpu-id";
 /// which its `createRuntime` hook attaches with ([`crate::Handle`]). Refused in a request, as
 /// [`VGPU_ID`] is.
 pub const VGPU_HANDLE: &str = "gpuplex.io/vgpu-handle";
+/// The handle of the device plugin's allocation ([`crate::units`]): the plugin's `Allocate`
+/// answer carries it, the kubelet writes it on the container, and the containerd shim attaches
+/// the container with it. Refused in a request, as [`VGPU_ID`] is.
+pub const ALLOCATION: &str = "gpuplex.io/allocation";
 /// The annotations gpuplex writes and a container may not.
-pub const SET_BY_GPUPLEX: [&str; 2] = [VGPU_ID, VGPU_HANDLE];
+pub const SET_BY_GPUPLEX: [&str; 3] = [VGPU_ID, VGPU_HANDLE, ALLOCATION];
 /// The keys a user writes to ask for a vGPU, in the order they are documented.
 pub const REQUEST_KEYS: [&str; 5] = [GPUS, GPU_MEMORY, GPU_MODEL, WEIGHT, PRIORITY];
 /// Annotations that name a container's Kubernetes pod (containerd's CRI plugin writes the
@@ -229,7 +233,9 @@ impl VgpuRequest {
                     request.priority =
                         priority(value).ok_or_else(|| invalid(RequestErrorReason::Priority))?;
                 }
-                VGPU_ID | VGPU_HANDLE => return Err(invalid(RequestErrorReason::SetByGpuplex)),
+                VGPU_ID | VGPU_HANDLE | ALLOCATION => {
+                    return Err(invalid(RequestErrorReason::SetByGpuplex))
+                }
                 _ => {
                     let suggestion = suggest(key);
                     return Err(invalid(RequestErrorReason::UnknownAnnotation {
@@ -695,7 +701,8 @@ mod tests {
                 WEIGHT,
                 PRIORITY,
                 VGPU_ID,
-                VGPU_HANDLE
+                VGPU_HANDLE,
+                ALLOCATION
             ])
             .prop_map(str::to_string),
             "gpuplex\\.io/[a-z-]{0,12}",

@@ -160,8 +160,8 @@ impl Container {
             container.undo(node);
             return Err(e);
         }
-        if let Some(vgpu) = container.vgpu {
-            if let Err(why) = node.attach(&vgpu, &container.id, container.init.pid) {
+        if let Some(vgpu) = &container.vgpu {
+            if let Err(why) = node.attach(vgpu, &container.id, container.init.pid) {
                 let _ = container.runc.delete(&container.id);
                 container.undo(node);
                 return Err(TaskError::Vgpu(why));

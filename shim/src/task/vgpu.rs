@@ -7,7 +7,15 @@
 //! device, which the runtime applied, ends with the attach step ([`gpuplex_hook::claim`]). The
 //! shim takes that hook out of the spec and attaches the container itself, with the claim's
 //! handle, instead of reserving; its delete releases nothing (the claim's vGPU is the claim's).
+//!
+//! A container given `gpuplex.io/gpu-memory` units by the kubelet (the device plugin) carries
+//! its allocation's handle in the annotation [`ALLOCATION`], written by the kubelet from the
+//! plugin's `Allocate` answer, and its devices, environment and identity mount from that answer
+//! too (or from its CDI device, with the same attach step as a claim's). The shim attaches it
+//! as it attaches a claim's container, passing the weight and priority the pod's annotations ask
+//! for; its delete releases nothing either (the allocation is the kubelet's units').
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,6 +27,7 @@ use gpuplex_client::identity::{self, Identity};
 use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_hook::stages::{self, HookContext, HookError, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::request::{ALLOCATION, POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX};
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::{Handle, VgpuId};
 use serde_json::Value;
@@ -82,11 +91,23 @@ pub enum VgpuError {
 }
 
 /// A container's vGPU, as the shim holds it from `Create` to `Delete`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Reserved {
     /// The handle it was reserved (or its claim pinned) with: what attaches the container, and
     /// releases a vGPU that is not a claim's.
     pub handle: Handle,
+    /// What a container of the device plugin's allocation asks for its vGPU (its weight,
+    /// priority and pod); empty for any other.
+    pub asked: BTreeMap<String, String>,
+}
+
+impl Reserved {
+    fn with(handle: Handle) -> Reserved {
+        Reserved {
+            handle,
+            asked: BTreeMap::new(),
+        }
+    }
 }
 
 /// How long a node service started by the shim has to answer.
@@ -150,7 +171,7 @@ impl NodeLink {
         else {
             return Ok(None);
         };
-        let reserved = Reserved { handle };
+        let reserved = Reserved::with(handle);
         if let Err(e) = write_config(bundle, &config) {
             self.release(&reserved);
             return Err(e);
@@ -158,8 +179,10 @@ impl NodeLink {
         Ok(Some(reserved))
     }
 
-    /// A container of a Kubernetes claim (its spec has the claim's attach step): the spec
-    /// without the step, and the claim's handle to attach with.
+    /// A container of a Kubernetes claim (its spec has the claim's attach step) or of the device
+    /// plugin's allocation (its spec has [`ALLOCATION`], and the attach step too when the runtime
+    /// applied the allocation's CDI device): the spec without the step, and the handle to attach
+    /// with.
     fn claimed(&self, bundle: &Path, proposed: &[u8]) -> Result<Option<Reserved>, VgpuError> {
         let refused = |message: String| {
             VgpuError::Refused(HookError {
@@ -170,17 +193,25 @@ impl NodeLink {
         let Ok(mut config) = serde_json::from_slice::<Value>(proposed) else {
             return Ok(None);
         };
-        let Some(handle) = gpuplex_hook::claim::take_attach_hook(&mut config).map_err(refused)?
-        else {
-            return Ok(None);
+        let hook = gpuplex_hook::claim::take_attach_hook(&mut config).map_err(refused)?;
+        let allocation = allocation_of(&config).map_err(refused)?;
+        let reserved = match (hook, allocation) {
+            (None, None) => return Ok(None),
+            (Some(step), Some(allocation)) if step != allocation.handle => {
+                return Err(refused(format!("the container has two gpuplex allocations: a gpuplex.io/vgpu CDI device and a different {ALLOCATION}")));
+            }
+            (_, Some(allocation)) => allocation,
+            (Some(handle), None) => {
+                if stages::concerns_gpuplex("precreate", proposed) {
+                    return Err(refused("the container asks for two vGPUs: its claim's (a gpuplex.io/vgpu CDI device) and one by gpuplex.io/ annotations; a claim's container takes its weight and priority from the claim's VgpuConfig".into()));
+                }
+                Reserved::with(handle)
+            }
         };
-        if stages::concerns_gpuplex("precreate", proposed) {
-            return Err(refused("the container asks for two vGPUs: its claim's (a gpuplex.io/vgpu CDI device) and one by gpuplex.io/ annotations; a claim's container takes its weight and priority from the claim's VgpuConfig".into()));
-        }
         self.ensure_service(self.ctx()?)?;
         let config = serde_json::to_vec(&config).map_err(|e| refused(e.to_string()))?;
         write_config(bundle, &config)?;
-        Ok(Some(Reserved { handle }))
+        Ok(Some(reserved))
     }
 
     /// Attaches container `id`, whose init is `pid` (created, not started), to its reservation.
@@ -188,7 +219,7 @@ impl NodeLink {
         let ctx = self.ctx()?;
         let mut client = NodeClient::connect(&ctx.socket)?;
         let vgpu = client
-            .attach(&reserved.handle, id, pid, true)
+            .attach_asking(&reserved.handle, id, pid, true, &reserved.asked)
             .map_err(|source| VgpuError::Node {
                 action: "attach",
                 id: id.to_owned(),
@@ -320,6 +351,33 @@ impl NodeLink {
     }
 }
 
+/// The device plugin's allocation a spec names ([`ALLOCATION`]): its handle, and what the
+/// container asks for it: every other `gpuplex.io/` annotation (the node service takes the
+/// weight and priority and refuses the rest in one line) and the pod's name and namespace.
+/// `Ok(None)` without the annotation; refused when it is not a handle.
+fn allocation_of(config: &Value) -> Result<Option<Reserved>, String> {
+    let Some(annotations) = config["annotations"].as_object() else {
+        return Ok(None);
+    };
+    let Some(value) = annotations.get(ALLOCATION) else {
+        return Ok(None);
+    };
+    let handle = (value.as_str())
+        .and_then(|h| h.parse::<Handle>().ok())
+        .ok_or_else(|| format!("{ALLOCATION} is not a handle gpuplex's device plugin wrote; it is the kubelet's to write, from the plugin's answer"))?;
+    let asked = annotations
+        .iter()
+        .filter(|(k, _)| *k != ALLOCATION)
+        .filter(|(k, _)| {
+            k.starts_with(PREFIX)
+                || POD_NAME_KEYS.contains(&k.as_str())
+                || POD_NAMESPACE_KEYS.contains(&k.as_str())
+        })
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect();
+    Ok(Some(Reserved { handle, asked }))
+}
+
 /// Writes a bundle's config.json in place, by rename.
 fn write_config(bundle: &Path, config: &[u8]) -> Result<(), VgpuError> {
     let path = bundle.join("config.json");
@@ -347,5 +405,37 @@ mod tests {
         assert!(!is_sandbox(workload));
         assert!(!is_sandbox(b"{}"));
         assert!(!is_sandbox(b"not json"));
+    }
+
+    #[test]
+    fn an_allocations_container_brings_its_handle_weight_and_pod() {
+        let handle = "5a".repeat(16);
+        let config = serde_json::json!({"annotations": {
+            "gpuplex.io/allocation": handle,
+            "gpuplex.io/weight": "3",
+            "io.kubernetes.cri.sandbox-namespace": "ml",
+            "io.kubernetes.cri.container-type": "container",
+            "other.io/x": "y",
+        }});
+        let found = allocation_of(&config).unwrap().unwrap();
+        assert_eq!(found.handle.to_string(), handle);
+        let asked: Vec<&str> = found.asked.keys().map(String::as_str).collect();
+        assert_eq!(
+            asked,
+            ["gpuplex.io/weight", "io.kubernetes.cri.sandbox-namespace"]
+        );
+        assert!(
+            allocation_of(&serde_json::json!({"annotations": {"gpuplex.io/weight": "3"}}))
+                .unwrap()
+                .is_none()
+        );
+        for forged in [serde_json::json!("../../x"), serde_json::json!(7)] {
+            let config = serde_json::json!({"annotations": {"gpuplex.io/allocation": forged}});
+            let line = allocation_of(&config).unwrap_err();
+            assert!(
+                line.contains("not a handle") && !line.contains('\n'),
+                "{line}"
+            );
+        }
     }
 }
