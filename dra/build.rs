@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/pluginregistration.proto",
         "proto/dra_v1.proto",
         "proto/dra_v1beta1.proto",
+        "proto/deviceplugin_v1beta1.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

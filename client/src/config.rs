@@ -58,6 +58,8 @@ pub struct NodeConfig {
     pub service: ServiceConfig,
     /// `[[fake_gpu]]`, in order: the first is GPU 0.
     pub fake_gpus: Vec<FakeGpu>,
+    /// `[kubernetes]`.
+    pub kubernetes: KubernetesConfig,
 }
 
 /// Which activity source tells who has GPU work.
@@ -150,6 +152,8 @@ struct Document {
     service: ServiceConfig,
     #[serde(default)]
     fake_gpu: Vec<FakeGpuEntry>,
+    #[serde(default)]
+    kubernetes: KubernetesEntry,
 }
 
 /// Why a configuration file cannot be used. One line, naming the file.
@@ -237,11 +241,13 @@ impl NodeConfig {
             let fake_gpu = entry.check(i, &fake_gpus)?;
             fake_gpus.push(fake_gpu);
         }
+        let kubernetes = document.kubernetes.check()?;
         Ok(NodeConfig {
             scheduler: document.scheduler,
             policy: document.policy,
             service: document.service,
             fake_gpus,
+            kubernetes,
         })
     }
 }
@@ -371,6 +377,10 @@ impl ServiceConfig {
         Ok(())
     }
 }
+
+mod kubernetes;
+use kubernetes::KubernetesEntry;
+pub use kubernetes::{DeviceDelivery, KubeletPlugin, KubernetesConfig};
 
 #[cfg(test)]
 mod tests;

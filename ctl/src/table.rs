@@ -225,6 +225,7 @@ mod tests {
             memory: 40 * GIB,
             fake: false,
             capacity: 0,
+            healthy: true,
             unreserved: 40 * GIB,
             holder: holder.map(String::from),
             busy_seconds: 0.0,
@@ -250,6 +251,7 @@ mod tests {
             windows: 0,
             pod: None,
             namespace: None,
+            claim: None,
         }
     }
 

@@ -113,6 +113,7 @@ fn node_status() -> NodeStatus {
             memory: 40 * GIB,
             fake: true,
             capacity: 0,
+            healthy: true,
             unreserved: 20 * GIB,
             holder: Some("job-a".into()),
             busy_seconds: 12.5,
@@ -156,6 +157,7 @@ fn container(id: &str, vgpu: &str, state: ContainerState) -> ContainerStatus {
         windows: 3,
         pod: Some("trainer".into()),
         namespace: None,
+        claim: None,
     }
 }
 

@@ -79,13 +79,13 @@ pub fn spec_path(dir: &Path, uid: &str) -> PathBuf {
 }
 
 /// The edits a container of the claim gets: gpuplex's own, as precreate makes them, then the
-/// host spec's for its GPUs, then `attach` (the attach step). `control` are the host's
-/// control nodes (`/dev/nvidiactl`, ...).
+/// host spec's for its GPUs, then `attach` (the attach step; none where the container attaches
+/// otherwise). `control` are the host's control nodes (`/dev/nvidiactl`, ...).
 pub fn claim_edits(
     vgpu: &VgpuReply,
     identity_file: &Path,
     control: &[DeviceNode],
-    attach: CdiHook,
+    attach: Option<CdiHook>,
 ) -> Result<CdiEdits, CdiError> {
     let mut edits = CdiEdits::default();
     for gpu in &vgpu.gpus {
@@ -133,7 +133,7 @@ pub fn claim_edits(
     if let Some(host) = &vgpu.cdi {
         edits.append(host);
     }
-    edits.hooks.push(attach);
+    edits.hooks.extend(attach);
     Ok(edits)
 }
 

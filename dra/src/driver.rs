@@ -188,7 +188,7 @@ fn pin_and_write(
                 source: CdiError::Incomplete("the claim's handle"),
             })?;
         let attach = gpuplex_hook::claim::attach_hook(&config.hook, &config.socket, &handle);
-        let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, attach);
+        let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, Some(attach));
         edits
             .and_then(|edits| cdi::write(&config.cdi_dir, &claim.uid, &edits))
             .map_err(|source| DriverError::Cdi {

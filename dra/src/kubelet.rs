@@ -200,7 +200,7 @@ dra_version!(v1);
 dra_version!(v1beta1);
 
 /// Binds a unix socket, replacing a stale file (a socket a previous run left).
-fn bind(path: &Path) -> std::io::Result<UnixListener> {
+pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -8,6 +8,8 @@
 //! - [`driver`]: `NodePrepareResources` and `NodeUnprepareResources`, carried out against the
 //!   node service;
 //! - [`slice`]: the ResourceSlice this node publishes: a device per GPU, its memory consumable;
+//! - [`device_plugin`]: for clusters without DRA, the device plugin of the extended resource
+//!   `gpuplex.io/gpu-memory` (units per GPU), served on the kubelet's device plugin socket;
 //! - [`kubelet`]: the kubelet's gRPC APIs (plugin registration, DRA `v1` and `v1beta1`), served
 //!   on unix sockets;
 //! - [`proto`]: the generated protobuf types and services.
@@ -16,6 +18,7 @@
 pub mod apiserver;
 pub mod cdi;
 pub mod claim;
+pub mod device_plugin;
 pub mod driver;
 pub mod kubelet;
 pub mod slice;
@@ -35,5 +38,9 @@ pub mod proto {
     /// DRA, version v1beta1 (`k8s.io.kubelet.pkg.apis.dra.v1beta1`).
     pub mod dra_v1beta1 {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+    /// Device plugins, version v1beta1 (`v1beta1`).
+    pub mod deviceplugin {
+        tonic::include_proto!("v1beta1");
     }
 }

@@ -28,6 +28,7 @@ fn gpu(index: u32, capacity: u64) -> GpuStatus {
         memory: capacity,
         fake: true,
         capacity,
+        healthy: true,
         unreserved: capacity,
         holder: None,
         busy_seconds: 0.0,

@@ -30,6 +30,12 @@ fn help_and_bad_arguments() {
         err.trim(),
         "gpuplex-dra: invalid option '--frobnicate'; try --help"
     );
+    let (code, _, err) = run(&["--poll", "0s"], &[]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        err.trim(),
+        "gpuplex-dra: --poll \"0s\": expected a duration from 1ms to 1h, like \"2s\"; try --help"
+    );
     let (code, _, err) = run(&["--node"], &[]);
     assert_eq!(code, 2);
     assert!(
@@ -43,6 +49,8 @@ fn each_reason_it_cannot_start_is_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gpuplex.toml");
     std::fs::write(&config, "[service]\nsocket = \"relative.sock\"\n").unwrap();
+    let plugin = dir.path().join("plugin.toml");
+    std::fs::write(&plugin, "[kubernetes]\nplugin = \"nvidia\"\n").unwrap();
     /// Arguments, environment, what the line names.
     type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
@@ -55,6 +63,11 @@ fn each_reason_it_cannot_start_is_one_line() {
             vec!["--config", config.to_str().unwrap(), "--node", "n"],
             vec![],
             "socket",
+        ),
+        (
+            vec!["--config", plugin.to_str().unwrap(), "--node", "n"],
+            vec![],
+            "kubernetes.plugin",
         ),
         (
             vec![],

@@ -75,6 +75,21 @@ pub enum GpuError {
     NvmlActivity(String),
 }
 
+/// Whether `gpu` is still usable: its device node is still the character device it was, and NVML,
+/// when it found the GPU, still reports it. What the device plugin reports to the kubelet as
+/// the GPU's health.
+pub fn healthy(gpu: &NodeGpu, source: &GpuSource) -> bool {
+    let node = DeviceNumbers::of(&gpu.device.path).ok().flatten();
+    let same_node = node.is_some_and(|n| {
+        n.kind == gpuplex_cgroup::DeviceKind::Char
+            && (n.major, n.minor) == (gpu.device.major, gpu.device.minor)
+    });
+    match source {
+        GpuSource::Nvml(nvml) if !gpu.fake => same_node && nvml.has(&gpu.gpu.uuid),
+        _ => same_node,
+    }
+}
+
 /// Finds this machine's GPUs as the configuration says.
 pub fn discover(config: &NodeConfig) -> Result<Discovery, GpuError> {
     if !config.fake_gpus.is_empty() {

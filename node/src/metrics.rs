@@ -301,6 +301,7 @@ mod tests {
             memory: 1000,
             fake: index == 1,
             capacity: 0,
+            healthy: true,
             unreserved: 400,
             holder: None,
             busy_seconds: 2.5,
@@ -328,6 +329,7 @@ mod tests {
                 windows: 4,
                 pod: Some("web\nx".into()),
                 namespace: None,
+                claim: None,
             }],
             reservations: vec![],
         }

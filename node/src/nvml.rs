@@ -125,6 +125,15 @@ impl NvmlGpus {
         })
     }
 
+    /// Whether NVML still reports the GPU with `uuid` (a GPU that fell off the bus, or whose
+    /// driver lost it, is not found).
+    pub fn has(&self, uuid: &str) -> bool {
+        self.nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.uuid())
+            .is_ok_and(|found| found == uuid)
+    }
+
     /// The driver's version, when NVML tells it.
     pub fn driver_version(&self) -> Option<String> {
         self.nvml.sys_driver_version().ok()

@@ -188,3 +188,31 @@ fn an_error_keeps_its_cause() {
     );
     assert_eq!(err.to_string(), format!("{}: {cause}", bad.display()));
 }
+
+#[test]
+fn the_kubernetes_section_is_read_and_checked() {
+    let config = NodeConfig::parse(
+        "[kubernetes]\nplugin = \"device-plugin\"\ngpu_memory_unit = \"512Mi\"\ndevice_plugin_devices = \"cdi\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.kubernetes,
+        KubernetesConfig {
+            plugin: KubeletPlugin::DevicePlugin,
+            gpu_memory_unit: 512 << 20,
+            device_plugin_devices: DeviceDelivery::Cdi,
+        }
+    );
+    for (text, key) in [
+        ("gpu_memory_unit = \"1Mi\"", "kubernetes.gpu_memory_unit = \"1Mi\" is not accepted: a Kubernetes quantity from 64Mi to 1Ti"),
+        ("gpu_memory_unit = \"lots\"", "kubernetes.gpu_memory_unit = \"lots\""),
+        ("plugin = \"both\"", "kubernetes.plugin"),
+        ("device_plugin_devices = \"nvidia\"", "kubernetes.device_plugin_devices"),
+        ("units = 3", "kubernetes.units"),
+    ] {
+        let err = NodeConfig::parse(&format!("[kubernetes]\n{text}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key) && !err.contains('\n'), "{text}: {err}");
+    }
+}

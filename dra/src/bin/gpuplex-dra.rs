@@ -1,6 +1,8 @@
-//! `gpuplex-dra`: gpuplex's DRA kubelet plugin on one node (the DaemonSet runs it beside the
-//! node service). It registers `gpuplex.io` with the kubelet, prepares and unprepares the
-//! claims the kubelet hands it, and keeps this node's ResourceSlice equal to its GPUs.
+//! `gpuplex-dra`: gpuplex's kubelet plugin on one node (the DaemonSet runs it beside the node
+//! service). With `[kubernetes] plugin = "dra"` (the default) it registers the DRA driver
+//! `gpuplex.io` with the kubelet, prepares and unprepares the claims the kubelet hands it, and
+//! keeps this node's ResourceSlice equal to its GPUs. With `plugin = "device-plugin"` it serves
+//! the device plugin of `gpuplex.io/gpu-memory` instead, and needs no API server.
 //!
 //! Exit codes: 0 stopped by SIGTERM/SIGINT; 1 could not start (one line on stderr says why);
 //! 2 usage.
@@ -9,19 +11,30 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gpuplex_client::config::KubeletPlugin;
 use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
 use gpuplex_client::NodeClient;
 use gpuplex_dra::apiserver::{self, keep_published, ApiClaims, SlicePublisher};
+use gpuplex_dra::device_plugin::{
+    self, DevicePlugin, DevicePluginPaths, PluginConfig, KUBELET_SOCKET,
+};
 use gpuplex_dra::driver::{Driver, DriverConfig};
 use gpuplex_dra::kubelet::{self, Sockets, PLUGIN_DIR, REGISTRY_DIR};
 use gpuplex_dra::slice::devices;
+use gpuplex_scheduler::quantity::format_bytes;
+use gpuplex_scheduler::time::parse_duration;
+use gpuplex_scheduler::units::RESOURCE;
 
 const USAGE: &str = "\
-usage: gpuplex-dra [--config PATH] [--node NAME] [--cdi-dir DIR] [--hook PATH] [--registry-dir DIR] [--plugin-dir DIR]
+usage: gpuplex-dra [--config PATH] [--node NAME] [--cdi-dir DIR] [--hook PATH] [--registry-dir DIR] [--plugin-dir DIR] [--kubelet-socket PATH] [--poll DURATION]
 
-Runs gpuplex's DRA driver (gpuplex.io) on this node: registers with the kubelet, prepares the
-ResourceClaims it is given as vGPUs pinned where kube-scheduler placed them, and publishes this
-node's ResourceSlice. The node service must run on this node.
+Runs gpuplex's kubelet plugin on this node, the one gpuplex.toml's [kubernetes] plugin names:
+  \"dra\"            the DRA driver gpuplex.io: registers with the kubelet, prepares the
+                   ResourceClaims it is given as vGPUs pinned where kube-scheduler placed them,
+                   and publishes this node's ResourceSlice;
+  \"device-plugin\"  the device plugin of gpuplex.io/gpu-memory: lists each GPU's memory in
+                   units, and pins the units the kubelet allocates as a vGPU on their GPU.
+The node service must run on this node.
 
   --config PATH       gpuplex.toml (default: $GPUPLEX_CONFIG, else /etc/gpuplex/gpuplex.toml)
   --node NAME         this node's Kubernetes name (default: $NODE_NAME; the DaemonSet sets it)
@@ -30,6 +43,10 @@ node's ResourceSlice. The node service must run on this node.
                       /usr/local/bin/gpuplex-hook, where the DaemonSet installs it)
   --registry-dir DIR  the kubelet's plugin registry (default: /var/lib/kubelet/plugins_registry)
   --plugin-dir DIR    this driver's socket directory (default: /var/lib/kubelet/plugins/gpuplex.io)
+  --kubelet-socket PATH  the device plugin's: the kubelet's registration socket, beside which
+                      its own goes (default: /var/lib/kubelet/device-plugins/kubelet.sock)
+  --poll DURATION     the device plugin's: how often the node's GPUs and the kubelet's socket
+                      are looked at (default: 2s)
   GPUPLEX_LOG         log filter (default: info)
 
 The API server is found as kubectl finds it: in a pod, its service account; else $KUBECONFIG.
@@ -45,6 +62,8 @@ struct Args {
     hook: PathBuf,
     registry_dir: PathBuf,
     plugin_dir: PathBuf,
+    kubelet_socket: PathBuf,
+    poll: Duration,
 }
 
 fn parse() -> Result<Option<Args>, String> {
@@ -56,6 +75,8 @@ fn parse() -> Result<Option<Args>, String> {
         hook: PathBuf::from("/usr/local/bin/gpuplex-hook"),
         registry_dir: PathBuf::from(REGISTRY_DIR),
         plugin_dir: PathBuf::from(PLUGIN_DIR),
+        kubelet_socket: PathBuf::from(KUBELET_SOCKET),
+        poll: Duration::from_secs(2),
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -69,6 +90,17 @@ fn parse() -> Result<Option<Args>, String> {
             Long("hook") => args.hook = path(&mut parser)?,
             Long("registry-dir") => args.registry_dir = path(&mut parser)?,
             Long("plugin-dir") => args.plugin_dir = path(&mut parser)?,
+            Long("kubelet-socket") => args.kubelet_socket = path(&mut parser)?,
+            Long("poll") => {
+                let value = parser.value().map_err(|e| e.to_string())?;
+                let value = value.into_string().map_err(|_| "--poll: not UTF-8")?;
+                args.poll = parse_duration(&value)
+                    .ok()
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
+                    .ok_or_else(|| {
+                        format!("--poll {value:?}: expected a duration from 1ms to 1h, like \"2s\"")
+                    })?;
+            }
             Long("node") => {
                 let value = parser.value().map_err(|e| e.to_string())?;
                 args.node = Some(value.into_string().map_err(|_| "--node: not UTF-8")?);
@@ -117,6 +149,34 @@ fn run(args: Args) -> Result<(), String> {
     };
     let socket = config.service.socket.clone();
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+    if config.kubernetes.plugin == KubeletPlugin::DevicePlugin {
+        let plugin = DevicePlugin::new(PluginConfig {
+            node: node.clone(),
+            socket,
+            unit: config.kubernetes.gpu_memory_unit,
+            delivery: config.kubernetes.device_plugin_devices,
+            policy: config.scheduler.policy,
+            cdi_dir: args.cdi_dir,
+            hook: args.hook,
+            control_nodes: gpuplex_hook::spec::control_nodes(),
+            poll: args.poll,
+        });
+        let paths = DevicePluginPaths {
+            kubelet: args.kubelet_socket,
+        };
+        tracing::info!(
+            "{RESOURCE} on node {node}: units of {}, serving {} beside the kubelet's {}",
+            format_bytes(config.kubernetes.gpu_memory_unit),
+            paths.plugin().display(),
+            paths.kubelet.display()
+        );
+        return runtime.block_on(async move {
+            tokio::spawn(plugin.clone().keep_fresh());
+            device_plugin::serve(plugin, &paths, args.poll, stopped())
+                .await
+                .map_err(|e| format!("cannot serve the device plugin's socket: {e}"))
+        });
+    }
     runtime.block_on(async move {
         let kube_config = kube::Config::infer()
             .await
@@ -152,18 +212,19 @@ fn run(args: Args) -> Result<(), String> {
             sockets.registration.display(),
             sockets.dra.display()
         );
-        let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM can be watched");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            tracing::info!("stopping on a signal");
-        };
-        kubelet::serve(driver, &sockets, stop)
+        kubelet::serve(driver, &sockets, stopped())
             .await
             .map_err(|e| format!("cannot serve the kubelet's sockets: {e}"))
     })
+}
+
+/// Completes at SIGTERM or SIGINT.
+async fn stopped() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM can be watched");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping on a signal");
 }

@@ -66,7 +66,7 @@ fn a_claims_spec_carries_precreates_edits_then_the_hosts() {
         &vgpu(Some(host)),
         Path::new("/run/gpuplex/identity/vgpu-4.json"),
         &control(),
-        attach(),
+        Some(attach()),
     )
     .unwrap();
     let paths: Vec<&str> = edits.device_nodes.iter().map(|d| d.path.as_str()).collect();
@@ -102,7 +102,7 @@ fn the_reference_parser_accepts_the_written_spec() {
         &vgpu(None),
         Path::new("/run/gpuplex/identity/vgpu-4.json"),
         &control(),
-        attach(),
+        Some(attach()),
     )
     .unwrap();
     let path = write(dir.path(), UID, &edits).unwrap();
@@ -142,7 +142,7 @@ fn a_uid_that_could_escape_the_directory_is_refused() {
     let mut bare = gone.clone();
     bare.gpus[0].device = None;
     assert!(matches!(
-        claim_edits(&bare, Path::new("/x"), &[], attach()),
+        claim_edits(&bare, Path::new("/x"), &[], Some(attach())),
         Err(CdiError::Incomplete(_))
     ));
 }

@@ -10,6 +10,7 @@ fn gpu(index: u32, capacity: u64) -> GpuStatus {
         memory: 40 << 30,
         fake: true,
         capacity,
+        healthy: true,
         unreserved: capacity,
         holder: None,
         busy_seconds: 0.0,

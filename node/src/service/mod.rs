@@ -496,7 +496,9 @@ impl Service {
         status.activity = self.sampler.source().name().to_string();
         status.cdi = self.cdi.state().to_owned();
         for g in &mut status.gpus {
-            g.fake = self.gpus.iter().any(|n| n.gpu.index.0 == g.index && n.fake);
+            let gpu = self.gpus.iter().find(|n| n.gpu.index.0 == g.index);
+            g.fake = gpu.is_some_and(|n| n.fake);
+            g.healthy = gpu.is_some_and(|n| gpus::healthy(n, &self.source));
         }
         for c in &mut status.containers {
             if let Some(e) = c.vgpu.parse().ok().and_then(|v| self.enforced.get(&v)) {

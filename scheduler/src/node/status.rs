@@ -50,6 +50,10 @@ pub struct GpuStatus {
     /// (what a cluster scheduler counts). Absent from older services' status: 0.
     #[serde(default)]
     pub capacity: u64,
+    /// Still usable: its device node is there and NVML (when it found it) still reports it
+    /// (filled by the node service). Absent from older services' status: true.
+    #[serde(default = "healthy_by_default")]
+    pub healthy: bool,
     /// Memory no entitlement holds, in bytes.
     pub unreserved: u64,
     /// The container holding its window.
@@ -126,6 +130,10 @@ pub struct ContainerStatus {
     pub pod: Option<String>,
     /// Its Kubernetes namespace, when its annotations name one.
     pub namespace: Option<String>,
+    /// The ResourceClaim (uid) or device plugin allocation (`units-...`) its vGPU is pinned
+    /// for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// One reservation in a [`NodeStatus`].
@@ -170,6 +178,7 @@ impl Node {
                     memory: gpu.memory,
                     fake: false,
                     capacity: self.inventory.limit(gpu.index),
+                    healthy: true,
                     unreserved: self.inventory.unreserved(gpu.index),
                     holder: view
                         .as_ref()
@@ -240,6 +249,7 @@ impl Node {
                 windows: stats.windows,
                 pod: first_annotation(r, &POD_NAME_KEYS),
                 namespace: first_annotation(r, &POD_NAMESPACE_KEYS),
+                claim: r.claim.clone(),
             }));
         }
         NodeStatus {
@@ -266,4 +276,8 @@ fn first_annotation(r: &VgpuRecord, keys: &[&str]) -> Option<String> {
         .find_map(|k| r.annotations.get(*k))
         .filter(|v| !v.is_empty())
         .cloned()
+}
+
+fn healthy_by_default() -> bool {
+    true
 }
