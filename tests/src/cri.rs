@@ -30,6 +30,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd::Containerd;
 
+/// The CRI API crate, for tests that build what the kubelet sends.
+pub use k8s_cri;
+
 /// The containerd namespace the CRI plugin keeps its images, sandboxes and containers in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
 
