@@ -269,9 +269,12 @@ fn the_kubelet_registers_lists_prefers_and_allocates_units_and_the_plugin_surviv
         let listed = next(&mut updates).await;
         assert_eq!(listed.devices.len(), 32);
     });
-    // Its socket replaced without a kubelet restart (a new kubelet socket, same directory).
+    // The kubelet's socket replaced while the plugin's stays (a kubelet that does not empty the
+    // directory). A kubelet's restart takes seconds; 50 ms apart, the new socket's change time
+    // differs even where it reuses the old one's inode number.
     drop(stop_kubelet);
     std::fs::remove_file(&kubelet_socket).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
     let _stop_kubelet = runtime.block_on(kubelet.serve(&kubelet_socket));
     wait_for("registration with the new kubelet socket", || {
         kubelet.registrations() == 3
@@ -289,4 +292,64 @@ fn the_kubelet_registers_lists_prefers_and_allocates_units_and_the_plugin_surviv
     assert!(status.success(), "{status}: {log}");
     assert!(!socket.exists(), "{log}");
     assert!(log.contains("registering again"), "{log}");
+}
+
+/// With `device_plugin_devices = "cdi"` the answer names the allocation's CDI device, whose spec
+/// (read by the CDI reference crate) carries the edits and the attach step with the handle; a
+/// spec whose allocation the kubelet's units ended is removed at the next refresh.
+#[test]
+fn with_cdi_an_allocation_is_a_cdi_device_whose_spec_goes_with_it() {
+    use gpuplex_dra::device_plugin::{DevicePlugin, PluginConfig};
+    use gpuplex_dra::proto::deviceplugin::device_plugin_server::DevicePlugin as _;
+    if !can_run("with_cdi_an_allocation_is_a_cdi_device_whose_spec_goes_with_it") {
+        return;
+    }
+    let service = NodeService::start(the_device_plugin(1));
+    let dir = tempfile::tempdir().unwrap();
+    let cdi_dir = dir.path().join("cdi");
+    let plugin = DevicePlugin::new(PluginConfig {
+        node: "testnode".into(),
+        socket: service.socket.clone(),
+        unit: GIB,
+        delivery: gpuplex_client::config::DeviceDelivery::Cdi,
+        policy: gpuplex_scheduler::inventory::AssignmentPolicy::Spread,
+        cdi_dir: cdi_dir.clone(),
+        hook: PathBuf::from("/usr/local/bin/gpuplex-hook"),
+        control_nodes: Vec::new(),
+        poll: Duration::from_secs(1),
+    });
+    plugin.refresh().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let allocate = |units: Vec<String>| {
+        let request = dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: units }],
+        };
+        let answer = runtime.block_on(plugin.allocate(tonic::Request::new(request)));
+        answer.unwrap().into_inner().container_responses.remove(0)
+    };
+    let answer = allocate(ids(0, 0..2));
+    assert_eq!(answer.cdi_devices[0].name, "gpuplex.io/vgpu=units-gpu-0-0");
+    assert!(answer.devices.is_empty() && answer.mounts.is_empty() && answer.envs.is_empty());
+    let handle = answer.annotations[ALLOCATION].clone();
+    let spec_path = cdi_dir.join("gpuplex.io-vgpu-units-gpu-0-0.json");
+    let raw = container_device_interface::spec::parse_spec(&spec_path).expect("parses");
+    let spec = container_device_interface::spec::new_spec(&raw, &spec_path, 0).expect("valid");
+    assert!(spec.devices.contains_key("units-gpu-0-0"));
+    let text = std::fs::read_to_string(&spec_path).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let edits = &written["devices"][0]["containerEdits"];
+    assert_eq!(edits["env"][0], "CUDA_VISIBLE_DEVICES=GPU-fake-0");
+    let attach = &edits["hooks"].as_array().unwrap().last().unwrap()["args"];
+    assert_eq!(
+        attach.as_array().unwrap().last().unwrap(),
+        &serde_json::json!(handle)
+    );
+    assert_eq!(std::fs::metadata(&spec_path).unwrap().mode() & 0o777, 0o600);
+
+    // The kubelet gives unit 1 to another container: the first allocation ends, and its spec
+    // goes at the next refresh; the new one's stays.
+    allocate(ids(0, 1..3));
+    plugin.refresh().unwrap();
+    assert!(!spec_path.exists());
+    assert!(cdi_dir.join("gpuplex.io-vgpu-units-gpu-0-1.json").exists());
 }

@@ -187,9 +187,16 @@ fn two_pods_allocated_at_once_run_on_the_gpus_the_kubelet_gave_each() {
         let cuda = exec(container, &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
         assert_eq!(cuda, format!("GPU-fake-{gpu}\n"));
         // Its GPU's node is there, the other GPU's is not.
-        let nodes = exec(container, &["sh", "-c", "ls /dev | grep gpuplexfake || true"]);
+        let nodes = exec(
+            container,
+            &["sh", "-c", "ls /dev | grep gpuplexfake || true"],
+        );
         let node = service.devices[gpu as usize].file_name().unwrap();
-        assert_eq!(nodes, format!("{}\n", node.to_string_lossy()), "{container}");
+        assert_eq!(
+            nodes,
+            format!("{}\n", node.to_string_lossy()),
+            "{container}"
+        );
     }
     let unreserved = |gpu: usize| status["gpus"][gpu]["unreserved"].as_u64().unwrap();
     assert_eq!((unreserved(0), unreserved(1)), (12 * GIB, 8 * GIB));

@@ -92,3 +92,22 @@ fn every_shipped_manifest_parses_into_its_type_with_no_unknown_field() {
         }
     }
 }
+
+#[test]
+fn the_daemonsets_gpuplex_toml_is_valid_and_switches_to_the_device_plugin_in_one_line() {
+    use gpuplex_client::config::{KubeletPlugin, NodeConfig};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kubernetes/gpuplex.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let map = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("the ConfigMap");
+    let toml = map["data"]["gpuplex.toml"].as_str().unwrap();
+    let config = NodeConfig::parse(toml).unwrap();
+    assert_eq!(config.kubernetes.plugin, KubeletPlugin::Dra);
+    let switched = toml.replace("plugin = \"dra\"", "plugin = \"device-plugin\"");
+    let config = NodeConfig::parse(&switched).unwrap();
+    assert_eq!(config.kubernetes.plugin, KubeletPlugin::DevicePlugin);
+    // The plugin's container sees the kubelet's device plugin directory.
+    assert!(text.contains("mountPath: /var/lib/kubelet/device-plugins"));
+}

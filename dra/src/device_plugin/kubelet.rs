@@ -40,11 +40,12 @@ impl DevicePluginPaths {
     }
 }
 
-/// Which file a socket is (device, inode); `None` when it is not there.
-fn identity(path: &Path) -> Option<(u64, u64)> {
+/// Which file a socket is (device, inode, and its change time: a socket made again at once
+/// may get the inode number of the one it replaces); `None` when it is not there.
+fn identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// A gRPC channel to the unix socket at `path`.
