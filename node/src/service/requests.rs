@@ -114,12 +114,19 @@ impl Service {
         };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let (vgpu, handle) = match self.node.pin(claim, pairs, placement, fresh, now) {
-            Ok(record) => (record.id, record.handle),
+        let vgpu = match self.node.pin(claim, pairs, placement, fresh, now) {
+            Ok(record) => record.id,
             Err(e) => return Reply::error(e),
         };
+        self.pinned(vgpu, fresh, &format!("claim {claim}"))
+    }
+
+    /// The reply to a pin or an allocation of `vgpu` (`fresh`: the handle drawn for it, which
+    /// it has when it is new): a new one gets its CDI edits and is saved before the reply; one
+    /// pinned before changes nothing, whatever the CDI spec says now.
+    fn pinned(&mut self, vgpu: VgpuId, fresh: Handle, what: &str) -> Reply {
+        let handle = self.node.record(vgpu).map_or(fresh, |r| r.handle);
         if handle != fresh {
-            // Pinned before: nothing changes, whatever the CDI spec says now.
             let gpus = self.gpu_uuids_of(vgpu);
             let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
             let cdi = self.cdi.edits_for(&gpus).ok().flatten();
@@ -132,10 +139,7 @@ impl Service {
         if let Err(e) = self.save_new(vgpu) {
             return Reply::error(e);
         }
-        tracing::info!(
-            "{vgpu}: pinned for claim {claim} on GPU {}",
-            self.gpus_of(vgpu)
-        );
+        tracing::info!("{vgpu}: pinned for {what} on GPU {}", self.gpus_of(vgpu));
         new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
@@ -162,27 +166,8 @@ impl Service {
             tracing::info!("{vgpu}: released, the kubelet gave its units ({key}...) again");
             self.forget(vgpu);
         }
-        let vgpu = allocated.vgpu;
-        let handle = self.node.record(vgpu).map(|r| r.handle).unwrap_or(fresh);
-        if handle != fresh {
-            let gpus = self.gpu_uuids_of(vgpu);
-            let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
-            let cdi = self.cdi.edits_for(&gpus).ok().flatten();
-            return new_vgpu(self.reply(vgpu), handle, cdi);
-        }
-        let cdi = match self.cdi_edits(vgpu) {
-            Ok(cdi) => cdi,
-            Err(refused) => return Reply::error(refused),
-        };
-        if let Err(e) = self.save_new(vgpu) {
-            return Reply::error(e);
-        }
-        tracing::info!(
-            "{vgpu}: allocated on GPU {} for {} unit(s) of the device plugin",
-            self.gpus_of(vgpu),
-            units.len()
-        );
-        new_vgpu(self.reply(vgpu), handle, cdi)
+        let what = format!("{} unit(s) of the device plugin", units.len());
+        self.pinned(allocated.vgpu, fresh, &what)
     }
 
     /// A vGPU's GPUs with their UUIDs, as the CDI registry chooses edits for them.
