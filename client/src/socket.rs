@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuplex_scheduler::node::{Attachment, NodeStatus, Placement, ReleaseKey, Target};
-use gpuplex_scheduler::protocol::{Reply, Request, VgpuReply};
+use gpuplex_scheduler::protocol::{EventsReply, Reply, Request, VgpuReply};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
@@ -229,6 +229,12 @@ impl NodeClient {
             asked: asked.clone(),
         })?;
         reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+    }
+
+    /// The changes of the GPUs' window holders numbered above `since` (0: every one kept).
+    pub fn events(&mut self, since: u64) -> Result<EventsReply, ClientError> {
+        let reply = self.request(&Request::Events { since })?;
+        reply.events.ok_or_else(|| self.missing("events"))
     }
 
     /// Pins the vGPU of the device plugin's `units` (each `unit` bytes) that the kubelet gave

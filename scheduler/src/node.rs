@@ -262,6 +262,8 @@ pub struct Node {
     /// Attached vGPUs that no sample has reached yet: arrivals about to start work.
     unsampled: HashSet<VgpuId>,
     next_id: u64,
+    /// Who held each GPU's window when.
+    events: events::EventLog,
 }
 
 impl Node {
@@ -281,6 +283,7 @@ impl Node {
             pending: BTreeSet::new(),
             unsampled: HashSet::new(),
             next_id: 1,
+            events: events::EventLog::default(),
         })
     }
 
@@ -629,12 +632,25 @@ impl Node {
             lapsed.extend(self.release(&ReleaseKey::Vgpu(vgpu), now).map(|r| r.record));
         }
         let Decision { actions, next_due } = self.windows.decide(now);
+        for (gpu, holder) in self.windows.holders() {
+            let records = &self.records;
+            let container = || {
+                let record = records.get(&holder?)?;
+                Some(record.attachment()?.container.clone())
+            };
+            self.events.holder(gpu, holder, container, now);
+        }
         let next_lapse = self.pending.first().map(|&(at, _)| at + ttl);
         NodeDecision {
             actions,
             lapsed,
             next_due: [next_due, next_lapse].into_iter().flatten().min(),
         }
+    }
+
+    /// The window events numbered above `since`, and the number of the oldest kept.
+    pub fn events(&self, since: u64) -> (Vec<events::WindowEvent>, u64) {
+        self.events.since(since)
     }
 
     /// Binds a record again after a restart (from the service's persisted state): its memory
@@ -743,6 +759,7 @@ fn check_container_id(id: &str) -> Result<(), NodeError> {
 }
 
 mod allocated;
+pub mod events;
 mod pinned;
 mod status;
 pub use allocated::{allocation_key, Allocated, ALLOCATION_PREFIX};

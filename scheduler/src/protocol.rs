@@ -14,7 +14,13 @@
 //! {"op":"release","claim":"<uid>"}
 //! {"op":"allocate","units":["gpu-1-0","gpu-1-1"],"unit":1073741824}
 //! {"op":"status"}
+//! {"op":"events","since":41}
 //! ```
+//!
+//! `events` answers the changes of each GPU's window holder numbered above `since` (0: all
+//! kept), oldest first, with `first`, the number of the oldest the node still keeps (a bounded
+//! buffer, [`crate::node::events::EVENTS_KEPT`]): a client that polls with the last number it
+//! saw misses nothing unless `first` is above it plus one.
 //!
 //! `allocate` is the device plugin's (clusters without DRA): the kubelet gave a container these
 //! units of `gpuplex.io/gpu-memory`, each `unit` bytes; the node pins their vGPU on their GPU as
@@ -82,9 +88,9 @@ use cdi::CdiEdits;
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 10] = [
+pub const OPERATIONS: [&str; 11] = [
     "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "pin", "allocate",
-    "status",
+    "status", "events",
 ];
 
 /// The signals a `stopping` request names, and what each is to the scheduler; a request is
@@ -160,6 +166,11 @@ pub enum Request {
     },
     /// The node's status.
     Status,
+    /// The window events numbered above `since`.
+    Events {
+        /// The last number the client saw (0: none).
+        since: u64,
+    },
 }
 
 impl Request {
@@ -226,6 +237,10 @@ impl Request {
                 ..WireRequest::op("allocate")
             },
             Request::Status => WireRequest::op("status"),
+            Request::Events { since } => WireRequest {
+                since: Some(*since),
+                ..WireRequest::op("events")
+            },
         }
     }
 }
@@ -266,6 +281,8 @@ struct WireRequest<'a> {
     units: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     unit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<u64>,
 }
 
 impl<'a> WireRequest<'a> {
@@ -313,7 +330,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {}", shown(.0))]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status", shown(.0))]
+    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events", shown(.0))]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {}", shown(.message))]
@@ -339,6 +356,56 @@ pub struct Reply {
     /// The node's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<NodeStatus>,
+    /// The window events asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<EventsReply>,
+}
+
+/// The answer to `events`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EventsReply {
+    /// The number of the oldest event the node keeps.
+    pub first: u64,
+    /// The events asked for, oldest first.
+    pub events: Vec<EventLine>,
+}
+
+/// One change of a GPU's window holder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventLine {
+    /// Its number.
+    pub seq: u64,
+    /// When, in milliseconds since the Unix epoch (the node service's answer; [`Node::handle`]
+    /// gives the node's own clock).
+    pub at_ms: u64,
+    /// The GPU.
+    pub gpu: u32,
+    /// The vGPU that holds its window now (none: nobody).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu: Option<String>,
+    /// Its container then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+impl Node {
+    /// The `events` answer, with each instant written by `at_ms`.
+    pub fn events_reply(&self, since: u64, at_ms: impl Fn(Instant) -> u64) -> EventsReply {
+        let (events, first) = self.events(since);
+        EventsReply {
+            first,
+            events: events
+                .into_iter()
+                .map(|e| EventLine {
+                    seq: e.seq,
+                    at_ms: at_ms(e.at),
+                    gpu: e.gpu,
+                    vgpu: e.vgpu.map(|v| v.to_string()),
+                    container: e.container,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Reply {
@@ -541,6 +608,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
                 unit: f.unit,
             })
         }
+        "events" => {
+            let f: EventsFields = serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
+            Ok(Request::Events { since: f.since })
+        }
         _ => {
             serde_json::from_value::<StatusFields>(rest).map_err(|e| field(e.to_string()))?;
             Ok(Request::Status)
@@ -649,6 +720,13 @@ pub const MAX_UNITS: usize = 4096;
 #[serde(deny_unknown_fields)]
 struct StatusFields {}
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsFields {
+    #[serde(default)]
+    since: u64,
+}
+
 impl Node {
     /// Carries out one request and says how it went; a reservation it makes gets `fresh` as
     /// its handle (the caller's random draw), and only then does the reply carry one.
@@ -739,6 +817,11 @@ impl Node {
             Request::Status => Reply {
                 ok: true,
                 status: Some(self.status(now)),
+                ..Reply::default()
+            },
+            Request::Events { since } => Reply {
+                ok: true,
+                events: Some(self.events_reply(since, |at| at.as_nanos() / 1_000_000)),
                 ..Reply::default()
             },
         }

@@ -35,6 +35,20 @@ impl Service {
                     ..Reply::default()
                 }
             }
+            Request::Events { since } => {
+                // The node's clock is the service's origin, offset by reservation_ttl.
+                let now = self.now();
+                let wall = crate::state::unix_ms(SystemTime::now());
+                let at_ms = |at: gpuplex_scheduler::Instant| {
+                    let ago = now.saturating_since(at).as_millis() as u64;
+                    wall.saturating_sub(ago)
+                };
+                Reply {
+                    ok: true,
+                    events: Some(self.node.events_reply(since, at_ms)),
+                    ..Reply::default()
+                }
+            }
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
             Request::Stopping { key, signal } => self.stopping(&key, signal),

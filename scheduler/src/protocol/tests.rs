@@ -260,6 +260,10 @@ fn each_request_is_written_as_the_protocol_says() {
             r#"{"op":"release","claim":"7f3c"}"#,
         ),
         (Request::Status, r#"{"op":"status"}"#),
+        (
+            Request::Events { since: 41 },
+            r#"{"op":"events","since":41}"#,
+        ),
     ];
     for (request, line) in cases {
         assert_eq!(request.to_line(), format!("{line}\n"));
@@ -338,6 +342,7 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
             }
         }),
         Just(Request::Status),
+        any::<u64>().prop_map(|since| Request::Events { since }),
     ]
 }
 
@@ -414,6 +419,14 @@ fn every_malformed_line_gets_its_own_one_line_error() {
             "attach: invalid type: integer `1`, expected a string",
         ),
         (
+            br#"{"op":"events","since":-1}"#,
+            "events: invalid value: integer `-1`",
+        ),
+        (
+            br#"{"op":"events","vgpu":"vgpu-1"}"#,
+            "events: unknown field `vgpu`",
+        ),
+        (
             br#"{"op":"allocate","units":["gpu-1-0"]}"#,
             "allocate: missing field `unit`",
         ),
@@ -479,7 +492,7 @@ fn every_malformed_line_gets_its_own_one_line_error() {
         ),
         (
             br#"{"op":"pause","container":"c"}"#,
-            "one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status",
+            "one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events",
         ),
     ];
     for (line, expected) in cases {
@@ -691,4 +704,35 @@ fn pinning_again_answers_with_the_claims_own_handle() {
     assert_eq!(handle(&first), HANDLE);
     // The retry's fresh draw is not the claim's: its CDI spec keeps attaching.
     assert_eq!(handle(&again), HANDLE);
+}
+
+#[test]
+fn events_tell_each_change_of_a_gpus_window_holder() {
+    let mut node = node();
+    let reserved = node.handle(
+        Request::Register {
+            annotations: annotations(&[("gpuplex.io/gpu-memory", "1Gi")]),
+            attachment: Attachment {
+                container: "c1".into(),
+                target: Target::Pid(7),
+            },
+            unstarted: false,
+        },
+        fresh(),
+        at(0),
+    );
+    assert!(reserved.ok, "{reserved:?}");
+    let vgpu = reserved.vgpu.unwrap().id;
+    node.observe(vgpu.parse().unwrap(), true, at(1));
+    node.decide(at(1));
+    let reply = node.handle(Request::Events { since: 0 }, fresh(), at(2));
+    let events = reply.events.unwrap();
+    assert_eq!(events.first, 1);
+    assert_eq!(events.events.len(), 1, "{events:?}");
+    let e = &events.events[0];
+    assert_eq!((e.seq, e.gpu, e.at_ms), (1, 0, 1));
+    assert_eq!(e.vgpu.as_deref(), Some(vgpu.as_str()));
+    assert_eq!(e.container.as_deref(), Some("c1"));
+    let later = node.handle(Request::Events { since: 1 }, fresh(), at(3));
+    assert!(later.events.unwrap().events.is_empty());
 }

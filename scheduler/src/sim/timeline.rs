@@ -107,6 +107,11 @@ impl Timeline {
         }
     }
 
+    /// Container `c`'s row of cells, one per column.
+    pub fn row(&self, c: usize) -> String {
+        (0..self.columns).map(|col| self.cell(c, col)).collect()
+    }
+
     /// The cell of container `c` in column `col`.
     fn cell(&self, c: usize, col: usize) -> char {
         let res = self.resolution.as_nanos() as f64;
@@ -168,8 +173,7 @@ impl Timeline {
                     continue;
                 }
                 any = true;
-                let row: String = (0..self.columns).map(|col| self.cell(c, col)).collect();
-                let _ = writeln!(out, "  {:<label_width$} │{row}│", labels[c]);
+                let _ = writeln!(out, "  {:<label_width$} │{}│", labels[c], self.row(c));
             }
             if !any {
                 let _ = writeln!(out, "  (no container)");
@@ -186,7 +190,7 @@ impl Timeline {
     }
 
     /// The axis line and its labels, under rows whose first column is at `margin + 1`.
-    fn axis(&self, out: &mut String, margin: usize) {
+    pub fn axis(&self, out: &mut String, margin: usize) {
         let mut line = " ".repeat(margin);
         line.push('└');
         for col in 0..self.columns {

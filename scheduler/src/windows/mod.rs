@@ -539,6 +539,11 @@ impl WindowScheduler {
             .map(|(&id, _)| id)
     }
 
+    /// Each GPU's window holder, by index: what [`WindowScheduler::gpu`] tells, without the rest.
+    pub fn holders(&self) -> impl Iterator<Item = (GpuIndex, Option<VgpuId>)> + '_ {
+        self.gpus.iter().map(|g| (g.index, g.holder))
+    }
+
     fn position(&self, gpu: GpuIndex) -> Option<usize> {
         self.gpus.binary_search_by_key(&gpu, |g| g.index).ok()
     }
