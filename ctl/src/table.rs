@@ -249,6 +249,8 @@ mod tests {
             waiting_seconds: 0.0,
             frozen_seconds: 0.0,
             windows: 0,
+            wait_p50_seconds: 0.0,
+            wait_p99_seconds: 0.0,
             pod: None,
             namespace: None,
             claim: None,

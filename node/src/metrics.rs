@@ -6,7 +6,14 @@
 //! index), `UUID`, `modelName` and `Hostname`; container series add `container`, `pod` and
 //! `namespace` (empty when unknown). A container bound to several GPUs has one series per GPU:
 //! its GPU time is split evenly between them (the status sums it over its GPUs), while its wait
-//! and frozen time, windows and weight are its own and repeat on each.
+//! and frozen time, windows, wait quantiles and weight are its own and repeat on each.
+//! `gpuplex_container_holding` is 1 on the series of the GPU whose window the container's vGPU
+//! holds (every container of a shared claim's vGPU holds it together), so a dashboard can draw
+//! who held each GPU over time. The wait quantiles are two gauges rather than one with a
+//! `quantile` label, a label that Prometheus' linter keeps for summaries.
+//!
+//! `config/grafana/gpuplex-dashboard.json` is a Grafana dashboard of these metrics; a test here
+//! holds every metric its queries name to one this endpoint exports.
 //!
 //! Label values come from tenants (a pod's name, a container id); prometheus-client escapes
 //! them (backslash, double quote, newline), so a value can never end its label or its line
@@ -73,14 +80,22 @@ impl Kind {
 /// A GPU metric: name (a counter's without `_total`), kind, help, and its value for one GPU.
 type GpuMetric = (&'static str, Kind, &'static str, fn(&GpuStatus) -> Value);
 
-/// A container metric: the same, with its value for one container on the GPU at the given
-/// position in its `gpus`.
+/// A container metric: the same, with its value for one container on one of its GPUs.
 type ContainerMetric = (
     &'static str,
     Kind,
     &'static str,
-    fn(&ContainerStatus, usize) -> Value,
+    fn(&ContainerStatus, OnGpu) -> Value,
 );
+
+/// Which of a container's GPUs a series is about.
+#[derive(Clone, Copy, Debug)]
+struct OnGpu {
+    /// The GPU's position in the container's `gpus`.
+    pos: usize,
+    /// The container's vGPU holds the GPU's window.
+    holding: bool,
+}
 
 use Kind::{Counter, Gauge};
 use Value::{Count, Quantity};
@@ -103,7 +118,7 @@ const GPU_METRICS: [GpuMetric; 6] = [
 ];
 
 #[rustfmt::skip]
-const CONTAINER_METRICS: [ContainerMetric; 7] = [
+const CONTAINER_METRICS: [ContainerMetric; 10] = [
     ("gpuplex_container_gpu_seconds", Counter,
         "Seconds the container ran on the GPU with its window.",
         |c, _| Quantity(c.gpu_seconds / c.gpus.len().max(1) as f64)),
@@ -117,9 +132,20 @@ const CONTAINER_METRICS: [ContainerMetric; 7] = [
     ("gpuplex_container_frozen", Gauge,
         "1 while the container is frozen, waiting for a window.",
         |c, _| Count(u64::from(c.state == ContainerState::Frozen))),
+    ("gpuplex_container_holding", Gauge,
+        "1 while the container (its vGPU) holds the GPU's window.",
+        |_, on| Count(u64::from(on.holding))),
+    ("gpuplex_container_wait_p50_seconds", Gauge,
+        "The median of the container's completed waits for a window, in seconds \
+         (within about 3%, since the node service started; 0 before one ended).",
+        |c, _| Quantity(c.wait_p50_seconds)),
+    ("gpuplex_container_wait_p99_seconds", Gauge,
+        "The 99th percentile of the container's completed waits for a window, in seconds \
+         (within about 3%, since the node service started; 0 before one ended).",
+        |c, _| Quantity(c.wait_p99_seconds)),
     ("gpuplex_container_memory_bytes", Gauge,
         "The container's memory entitlement on the GPU, in bytes.",
-        |c, pos| Count(c.memory.get(pos).copied().unwrap_or(0))),
+        |c, on| Count(c.memory.get(on.pos).copied().unwrap_or(0))),
     ("gpuplex_container_weight", Gauge,
         "The container's share weight.", |c, _| Count(u64::from(c.weight))),
 ];
@@ -147,30 +173,42 @@ impl Collector for Scrape {
             }
         }
         // One series per container and GPU it is bound to.
-        let bound: Vec<(&ContainerStatus, usize, Labels)> = status
+        let bound: Vec<(&ContainerStatus, OnGpu, Labels)> = status
             .containers
             .iter()
             .flat_map(|c| c.gpus.iter().enumerate().map(move |(pos, &i)| (c, pos, i)))
             .map(|(c, pos, index)| {
                 let gpu = status.gpus.iter().find(|g| g.index == index);
                 let (uuid, model) = gpu.map_or(("", ""), |g| (g.uuid.as_str(), g.model.as_str()));
+                let holder = gpu.and_then(|g| g.holder.as_deref());
+                let holding = holder.is_some_and(|h| same_vgpu(status, h, c));
                 let mut labels = gpu_labels(index, uuid, model, host);
                 labels.extend([
                     ("container", c.id.clone()),
                     ("pod", c.pod.clone().unwrap_or_default()),
                     ("namespace", c.namespace.clone().unwrap_or_default()),
                 ]);
-                (c, pos, labels)
+                (c, OnGpu { pos, holding }, labels)
             })
             .collect();
         for (name, kind, help, value) in CONTAINER_METRICS {
             let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
-            for (c, pos, labels) in &bound {
-                kind.encode(value(c, *pos), family.encode_family(labels)?)?;
+            for (c, on, labels) in &bound {
+                kind.encode(value(c, *on), family.encode_family(labels)?)?;
             }
         }
         Ok(())
     }
+}
+
+/// Whether the container `holder` is `c` or shares its vGPU (a claim's containers take their
+/// windows together, and a GPU's status names only the first of them).
+fn same_vgpu(status: &NodeStatus, holder: &str, c: &ContainerStatus) -> bool {
+    holder == c.id
+        || status
+            .containers
+            .iter()
+            .any(|o| o.id == holder && o.vgpu == c.vgpu)
 }
 
 /// The status in the OpenMetrics text format, every metric with its `# HELP` and `# TYPE`,
@@ -292,6 +330,7 @@ fn ends_head(head: &[u8]) -> bool {
 mod tests {
     use super::*;
     use gpuplex_scheduler::request::Priority;
+    use std::collections::BTreeSet;
 
     fn status() -> NodeStatus {
         let gpu = |index: u32, containers: &[&str]| GpuStatus {
@@ -303,7 +342,7 @@ mod tests {
             capacity: 0,
             healthy: true,
             unreserved: 400,
-            holder: None,
+            holder: (index == 0).then(|| "two".to_string()),
             busy_seconds: 2.5,
             switches: 3,
             containers: containers.iter().map(|c| c.to_string()).collect(),
@@ -327,6 +366,8 @@ mod tests {
                 waiting_seconds: 0.5,
                 frozen_seconds: 1.25,
                 windows: 4,
+                wait_p50_seconds: 0.25,
+                wait_p99_seconds: 0.75,
                 pod: Some("web\nx".into()),
                 namespace: None,
                 claim: None,
@@ -346,7 +387,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), 16);
         for line in names {
             let name = line.split(' ').next().unwrap();
             let help = format!("# HELP {name} ");
@@ -375,6 +416,10 @@ mod tests {
             format!("gpuplex_container_frozen_seconds_total{{{G0},{C}}} 1.25"),
             format!("gpuplex_container_windows_total{{{G1},{C}}} 4"),
             format!("gpuplex_container_frozen{{{G0},{C}}} 1"),
+            format!("gpuplex_container_holding{{{G0},{C}}} 1"),
+            format!("gpuplex_container_holding{{{G1},{C}}} 0"),
+            format!("gpuplex_container_wait_p50_seconds{{{G0},{C}}} 0.25"),
+            format!("gpuplex_container_wait_p99_seconds{{{G1},{C}}} 0.75"),
             format!("gpuplex_container_memory_bytes{{{G0},{C}}} 600"),
             format!("gpuplex_container_memory_bytes{{{G1},{C}}} 500"),
             format!("gpuplex_container_weight{{{G1},{C}}} 2"),
@@ -386,7 +431,184 @@ mod tests {
         }
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            6 * 2 + 7 * 2
+            6 * 2 + 10 * 2
+        );
+    }
+
+    #[test]
+    fn every_container_of_the_holding_vgpu_holds_the_window() {
+        let mut status = status();
+        let mut mate = status.containers[0].clone();
+        mate.id = "mate".into();
+        let mut other = mate.clone();
+        other.id = "other".into();
+        other.vgpu = "vgpu-2".into();
+        status.containers.extend([mate, other]);
+        let text = render(&status);
+        for (container, g, holds) in [
+            ("two", G0, 1),
+            ("mate", G0, 1),
+            ("other", G0, 0),
+            ("two", G1, 0),
+            ("mate", G1, 0),
+            ("other", G1, 0),
+        ] {
+            let c = C.replace(r#""two""#, &format!(r#""{container}""#));
+            let line = format!("gpuplex_container_holding{{{g},{c}}} {holds}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line}\nin\n{text}"
+            );
+        }
+    }
+
+    /// The dashboard, its metric names checked against what [`render`] exports.
+    const DASHBOARD: &str = include_str!("../../config/grafana/gpuplex-dashboard.json");
+
+    /// Checks a Grafana dashboard: it parses, has the template variables its queries use, every
+    /// panel has a title and targets with queries on the `datasource` variable, and every
+    /// `gpuplex_` metric any query names is one `exported` holds. Returns the names used.
+    fn check_dashboard(json: &str, exported: &BTreeSet<&str>) -> Result<BTreeSet<String>, String> {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
+        let variables: Vec<(&str, &str)> = dashboard["templating"]["list"]
+            .as_array()
+            .ok_or("no templating list")?
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap_or(""),
+                    v["type"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        for wanted in [
+            ("datasource", "datasource"),
+            ("Hostname", "query"),
+            ("gpu", "query"),
+        ] {
+            if !variables.contains(&wanted) {
+                return Err(format!("no template variable {wanted:?}"));
+            }
+        }
+        let mut panels: Vec<&serde_json::Value> = Vec::new();
+        for panel in dashboard["panels"].as_array().ok_or("no panels")? {
+            panels.push(panel);
+            // A collapsed row keeps its panels inside it.
+            panels.extend(panel["panels"].as_array().into_iter().flatten());
+        }
+        for panel in panels {
+            let title = panel["title"].as_str().unwrap_or("");
+            if title.is_empty() {
+                return Err(format!("a panel without a title: {panel}"));
+            }
+            if panel["type"] == "row" {
+                continue;
+            }
+            let targets = panel["targets"].as_array().map_or(&[][..], Vec::as_slice);
+            if targets.is_empty() {
+                return Err(format!("panel {title:?} has no target"));
+            }
+            for target in targets {
+                if target["expr"].as_str().is_none_or(str::is_empty) {
+                    return Err(format!("panel {title:?} has a target without a query"));
+                }
+                if target["datasource"]["uid"] != "${datasource}" {
+                    return Err(format!("panel {title:?} does not query $datasource"));
+                }
+            }
+        }
+        let mut queries = Vec::new();
+        collect_queries(&dashboard, &mut queries);
+        let used: BTreeSet<String> = queries
+            .iter()
+            .flat_map(|q| metric_names(q))
+            .map(str::to_owned)
+            .collect();
+        let unknown: Vec<&String> = used
+            .iter()
+            .filter(|n| !exported.contains(n.as_str()))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(format!("metrics the endpoint does not export: {unknown:?}"));
+        }
+        Ok(used)
+    }
+
+    /// Every query in a dashboard: targets' `expr`, template variables' `query` and
+    /// `definition`, wherever they are.
+    fn collect_queries<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    match (key.as_str(), v.as_str()) {
+                        ("expr" | "query" | "definition", Some(q)) => out.push(q),
+                        _ => collect_queries(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                items.iter().for_each(|v| collect_queries(v, out));
+            }
+            _ => {}
+        }
+    }
+
+    /// The metric names starting with `gpuplex_` in a PromQL query.
+    fn metric_names(query: &str) -> Vec<&str> {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+        let mut names = Vec::new();
+        let mut from = 0;
+        while let Some(at) = query[from..].find("gpuplex_").map(|at| from + at) {
+            let end = query[at..]
+                .find(|c: char| !name_char(c))
+                .map_or(query.len(), |len| at + len);
+            if !query[..at].ends_with(name_char) {
+                names.push(&query[at..end]);
+            }
+            from = end;
+        }
+        names
+    }
+
+    #[test]
+    fn the_grafana_dashboard_uses_only_exported_metrics() {
+        // One container on two GPUs, one holding: every family has samples.
+        let text = render(&status());
+        let exported: BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        assert_eq!(exported.len(), 16, "{exported:?}");
+        let used = check_dashboard(DASHBOARD, &exported).unwrap();
+        for name in [
+            "gpuplex_gpu_busy_seconds_total",
+            "gpuplex_gpu_window_switches_total",
+            "gpuplex_container_holding",
+            "gpuplex_container_gpu_seconds_total",
+            "gpuplex_container_wait_p50_seconds",
+            "gpuplex_container_wait_p99_seconds",
+            "gpuplex_container_memory_bytes",
+        ] {
+            assert!(used.contains(name), "the dashboard does not show {name}");
+        }
+
+        // A wrong name, a counter without `_total`, a panel without targets: each refused.
+        let wrong = DASHBOARD.replace("gpuplex_container_holding", "gpuplex_container_holds");
+        let err = check_dashboard(&wrong, &exported).unwrap_err();
+        assert!(err.contains("gpuplex_container_holds"), "{err}");
+        let bare = DASHBOARD.replace("gpuplex_gpu_busy_seconds_total", "gpuplex_gpu_busy_seconds");
+        assert!(check_dashboard(&bare, &exported).is_err());
+        let mut dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
+        dashboard["panels"][1]["targets"] = serde_json::json!([]);
+        assert!(check_dashboard(&dashboard.to_string(), &exported)
+            .unwrap_err()
+            .contains("no target"));
+        assert!(check_dashboard("{", &exported).is_err());
+        assert_eq!(
+            metric_names("rate(gpuplex_a_total[1m]) / my_gpuplex_c + gpuplex_d:x"),
+            ["gpuplex_a_total", "gpuplex_d:x"]
         );
     }
 
@@ -408,7 +630,7 @@ mod tests {
         );
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            6 * 2 + 7 * 2
+            6 * 2 + 10 * 2
         );
         assert!(
             text.contains(r#"container="a\\\"b",pod="x\"} 1\ngpuplex_forged 1\n""#),

@@ -126,6 +126,14 @@ pub struct ContainerStatus {
     pub frozen_seconds: f64,
     /// Windows received.
     pub windows: u64,
+    /// The median of its completed waits for a window, in seconds (within about 3%; 0 before
+    /// one has ended). Kept since the node service started. Absent from older services'
+    /// status: 0.
+    #[serde(default)]
+    pub wait_p50_seconds: f64,
+    /// The 99th percentile of its completed waits, in seconds, likewise.
+    #[serde(default)]
+    pub wait_p99_seconds: f64,
     /// Its Kubernetes pod, when its annotations name one.
     pub pod: Option<String>,
     /// Its Kubernetes namespace, when its annotations name one.
@@ -233,6 +241,8 @@ impl Node {
                 .as_ref()
                 .and_then(|v| v.waiting_since)
                 .map_or(Duration::ZERO, |since| now.saturating_since(since));
+            let (p50, p99) = (stats.waits.quantile(0.5), stats.waits.quantile(0.99));
+            let (p50, p99) = (p50.as_secs_f64(), p99.as_secs_f64());
             // The containers sharing a claim's vGPU each show the vGPU's windows and time.
             containers.extend(r.containers().map(|container| ContainerStatus {
                 id: container.to_owned(),
@@ -247,6 +257,8 @@ impl Node {
                 waiting_seconds: waiting.as_secs_f64(),
                 frozen_seconds: 0.0,
                 windows: stats.windows,
+                wait_p50_seconds: p50,
+                wait_p99_seconds: p99,
                 pod: first_annotation(r, &POD_NAME_KEYS),
                 namespace: first_annotation(r, &POD_NAMESPACE_KEYS),
                 claim: r.claim.clone(),
@@ -280,4 +292,61 @@ fn first_annotation(r: &VgpuRecord, keys: &[&str]) -> Option<String> {
 
 fn healthy_by_default() -> bool {
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::accounting::VgpuStats;
+    use crate::config::SchedulerConfig;
+    use crate::inventory::Gpu;
+    use crate::node::{Attachment, Target};
+    use crate::{GpuIndex, Handle};
+
+    #[test]
+    fn wait_quantiles_come_from_the_vgpu_histogram_and_default_to_zero() {
+        let gpu = Gpu {
+            index: GpuIndex(0),
+            uuid: "GPU-0".into(),
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            memory: 40 << 30,
+        };
+        let mut n = Node::new(vec![gpu], SchedulerConfig::default()).unwrap();
+        let attachment = Attachment {
+            container: "c".into(),
+            target: Target::Pid(1),
+        };
+        let annotations = [("gpuplex.io/gpu-memory", "8Gi")];
+        let handle = Handle::from_bytes([7; 16]);
+        let v = n
+            .register(annotations, handle, attachment, Instant::from_nanos(0))
+            .unwrap()
+            .id;
+        let now = Instant::from_nanos(1);
+        let c = &n.status(now).containers[0];
+        assert_eq!((c.wait_p50_seconds, c.wait_p99_seconds), (0.0, 0.0));
+
+        let mut stats = VgpuStats::default();
+        for ms in 1..=100 {
+            stats.waits.record(Duration::from_millis(ms));
+        }
+        assert!(n.carry_over_vgpu_stats(v, stats.clone()));
+        let status = n.status(now);
+        let c = &status.containers[0];
+        assert_eq!(c.wait_p50_seconds, stats.waits.quantile(0.5).as_secs_f64());
+        assert_eq!(c.wait_p99_seconds, stats.waits.quantile(0.99).as_secs_f64());
+        assert!((c.wait_p50_seconds - 0.050).abs() < 0.050 * 0.03);
+        assert!((c.wait_p99_seconds - 0.099).abs() < 0.099 * 0.03);
+
+        // An older service's status, without them, reads as zero.
+        let mut json = serde_json::to_value(&status).unwrap();
+        let object = json["containers"][0].as_object_mut().unwrap();
+        object.remove("wait_p50_seconds");
+        object.remove("wait_p99_seconds");
+        let back: NodeStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back.containers[0].wait_p50_seconds, 0.0);
+        assert_eq!(back.containers[0].wait_p99_seconds, 0.0);
+    }
 }
