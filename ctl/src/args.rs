@@ -9,6 +9,8 @@ use gpuplex_scheduler::node::Target;
 use gpuplex_scheduler::time::parse_duration;
 use lexopt::prelude::*;
 
+use crate::install;
+
 /// `gpuplexctl --help`: the commands, options and exit status.
 pub const HELP: &str = include_str!("help.txt");
 
@@ -17,7 +19,8 @@ pub const HELP: &str = include_str!("help.txt");
 pub struct Cli {
     /// `--socket`.
     pub socket: Option<PathBuf>,
-    /// `--config`.
+    /// `--config`: gpuplex's config file (for `install` and `uninstall`, containerd's, which
+    /// goes into their [`install::Target`] instead).
     pub config: Option<PathBuf>,
     /// What to do.
     pub command: Command,
@@ -56,6 +59,13 @@ pub enum Command {
         /// The id.
         key: String,
     },
+    /// `install` or `uninstall`: gpuplex wired into containerd or podman.
+    Install(install::Request),
+    /// `timeline`: who held each GPU's window over the last `since`.
+    Timeline {
+        /// How far back.
+        since: Duration,
+    },
 }
 
 /// How `status` prints.
@@ -73,7 +83,18 @@ pub enum Format {
 #[error("{0}")]
 pub struct UsageError(pub String);
 
-const COMMANDS: [&str; 4] = ["status", "top", "register", "release"];
+const COMMANDS: [&str; 7] = [
+    "status",
+    "top",
+    "timeline",
+    "register",
+    "release",
+    "install",
+    "uninstall",
+];
+
+/// The commands, as usage errors list them.
+const COMMAND_LIST: &str = "status, top, timeline, register, release, install or uninstall";
 
 /// Reads `gpuplexctl`'s arguments (without the program name).
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, UsageError> {
@@ -93,9 +114,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, UsageError
             Value(value) if command.is_none() => {
                 let name = value.to_string_lossy();
                 command = Some(COMMANDS.into_iter().find(|c| *c == name).ok_or_else(|| {
-                    UsageError(format!(
-                        "unknown command `{name}`: expected status, top, register or release"
-                    ))
+                    UsageError(format!("unknown command `{name}`: expected {COMMAND_LIST}"))
                 })?);
             }
             arg => {
@@ -108,17 +127,17 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, UsageError
             }
         }
     }
+    if matches!(command, Some("install" | "uninstall")) {
+        // There, --config names containerd's config: gpuplex's is not read.
+        raw.containerd_config = config.take();
+    }
     let command = if help {
         Command::Help
     } else if version {
         Command::Version
     } else {
         match command {
-            None => {
-                return Err(UsageError(
-                    "missing a command: status, top, register or release".into(),
-                ))
-            }
+            None => return Err(UsageError(format!("missing a command: {COMMAND_LIST}"))),
             Some(name) => raw.into_command(name)?,
         }
     };
@@ -146,6 +165,11 @@ struct Raw {
     cgroup: Option<String>,
     annotations: Vec<String>,
     positional: Vec<String>,
+    dry_run: bool,
+    containerd_config: Option<PathBuf>,
+    containerd: Option<PathBuf>,
+    hooks_dir: Option<PathBuf>,
+    hook: Option<PathBuf>,
 }
 
 impl Raw {
@@ -157,7 +181,7 @@ impl Raw {
     ) -> Result<(), UsageError> {
         let flag = match arg {
             Arg::Flag(flag) => flag,
-            Arg::Value(value) if command == "release" => {
+            Arg::Value(value) if matches!(command, "release" | "install" | "uninstall") => {
                 self.positional.push(value.to_string_lossy().into_owned());
                 return Ok(());
             }
@@ -168,10 +192,30 @@ impl Raw {
                 )));
             }
         };
+        let installing = matches!(command, "install" | "uninstall");
+        let path_slot = match (installing, flag.as_str()) {
+            (true, "--dry-run") => {
+                self.dry_run = true;
+                return Ok(());
+            }
+            (true, "--containerd") => Some(&mut self.containerd),
+            (true, "--hooks-dir") => Some(&mut self.hooks_dir),
+            (true, "--hook") => Some(&mut self.hook),
+            _ => None,
+        };
+        if let Some(slot) = path_slot {
+            let value = parser.value().map_err(lexopt_error)?;
+            if value.is_empty() {
+                return Err(UsageError(format!("{command}: {flag}: give a path")));
+            }
+            *slot = Some(PathBuf::from(value));
+            return Ok(());
+        }
         let slot = match (command, flag.as_str()) {
             ("status", "-o" | "--output") => &mut self.output,
             ("top", "--interval") => &mut self.interval,
             ("top", "--count") => &mut self.count,
+            ("timeline", "--since") => &mut self.interval,
             ("register", "--id") => &mut self.id,
             ("register", "--pid") => &mut self.pid,
             ("register", "--cgroup") => &mut self.cgroup,
@@ -271,6 +315,26 @@ impl Raw {
                     annotations,
                 })
             }
+            "timeline" => {
+                let since = match self.interval {
+                    None => Duration::from_secs(30),
+                    Some(text) => match parse_duration(&text) {
+                        Ok(d)
+                            if d >= Duration::from_millis(100)
+                                && d <= Duration::from_secs(3600) =>
+                        {
+                            d
+                        }
+                        _ => {
+                            return Err(usage(format!(
+                                "--since `{text}`: expected a duration from 100ms to 1h, like 30s"
+                            )))
+                        }
+                    },
+                };
+                Ok(Command::Timeline { since })
+            }
+            "install" | "uninstall" => self.into_install(name == "uninstall"),
             _ => {
                 let mut positional = self.positional.into_iter();
                 let key = positional
@@ -285,6 +349,82 @@ impl Raw {
                 Ok(Command::Release { key })
             }
         }
+    }
+}
+
+impl Raw {
+    fn into_install(self, uninstall: bool) -> Result<Command, UsageError> {
+        let name = if uninstall { "uninstall" } else { "install" };
+        let usage = |message: String| UsageError(format!("{name}: {message}"));
+        let mut positional = self.positional.into_iter();
+        let what = positional
+            .next()
+            .ok_or_else(|| usage(format!("missing what to {name} into: containerd or podman")))?;
+        if let Some(extra) = positional.next() {
+            return Err(usage(format!(
+                "unexpected argument `{extra}`: {name} takes containerd or podman"
+            )));
+        }
+        let shown = |flag: &str, path: &Option<PathBuf>| {
+            path.as_ref().map(|p| format!("{flag} `{}`", p.display()))
+        };
+        let target = match what.as_str() {
+            "containerd" => {
+                let podman_only =
+                    shown("--hooks-dir", &self.hooks_dir).or_else(|| shown("--hook", &self.hook));
+                if let Some(flag) = podman_only {
+                    return Err(usage(format!(
+                        "{flag} is podman's: containerd takes --config and --containerd"
+                    )));
+                }
+                install::Target::Containerd {
+                    config: self
+                        .containerd_config
+                        .unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONTAINERD_CONFIG)),
+                    containerd: self
+                        .containerd
+                        .unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONTAINERD)),
+                }
+            }
+            "podman" => {
+                let containerd_only = shown("--config", &self.containerd_config)
+                    .or_else(|| shown("--containerd", &self.containerd));
+                if let Some(flag) = containerd_only {
+                    return Err(usage(format!(
+                        "{flag} is containerd's: podman takes --hooks-dir and --hook"
+                    )));
+                }
+                if uninstall {
+                    if let Some(flag) = shown("--hook", &self.hook) {
+                        return Err(usage(format!(
+                            "{flag}: uninstall finds the files by their contents, whatever hook they call"
+                        )));
+                    }
+                }
+                if let Some(hook) = self.hook.as_ref().filter(|h| !h.is_absolute()) {
+                    return Err(usage(format!(
+                        "--hook `{}`: give an absolute path (podman runs it from anywhere)",
+                        hook.display()
+                    )));
+                }
+                install::Target::Podman {
+                    hooks_dir: self
+                        .hooks_dir
+                        .unwrap_or_else(|| PathBuf::from(install::DEFAULT_HOOKS_DIR)),
+                    hook: self.hook,
+                }
+            }
+            other => {
+                return Err(usage(format!(
+                    "unknown target `{other}`: expected containerd or podman"
+                )))
+            }
+        };
+        Ok(Command::Install(install::Request {
+            uninstall,
+            dry_run: self.dry_run,
+            target,
+        }))
     }
 }
 

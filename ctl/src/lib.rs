@@ -3,18 +3,25 @@
 //! - [`args`]: the command line, read into an [`args::Cli`];
 //! - [`table`]: `status` as text ([`render_status`]);
 //! - [`top`]: `status`, refreshed;
+//! - [`timeline`]: who held each GPU's window when, from the service's window events;
+//! - [`install`]: `install` and `uninstall`, gpuplex wired into containerd's config or podman's
+//!   hooks directory (no service needed);
 //! - [`run`]: carries out a command against the socket found by [`resolve_socket`].
 //!
-//! Exit status: 0 done; 1 the service refused the request or could not be reached (one line on
-//! stderr, prefixed `gpuplexctl: `); 2 a usage error (one line ending in a pointer to
-//! `--help`). A closed standard output (`gpuplexctl status | head -1`) counts as done.
+//! Exit status: 0 done; 1 the service refused the request or could not be reached, or an
+//! install was refused (one line on stderr, prefixed `gpuplexctl: `); 2 a usage error (one line
+//! ending in a pointer to `--help`). A closed standard output (`gpuplexctl status | head -1`)
+//! counts as done.
 //!
 //! It finds and talks to the service with `gpuplex-client` only: no NVML, no containerd, no
-//! runc in this binary.
+//! runc in this binary (`install containerd` edits containerd's config as text and at most runs
+//! `containerd --version`).
 #![deny(missing_docs)]
 
 pub mod args;
+pub mod install;
 pub mod table;
+pub mod timeline;
 pub mod top;
 
 use std::ffi::OsString;
@@ -121,6 +128,19 @@ pub fn run(
             let vgpu =
                 NodeClient::connect(&socket()?)?.register(id, target, annotations, false)?;
             write_out(out, &pretty(&vgpu)).map(drop)
+        }
+        Command::Install(request) => install::run(request, out),
+        Command::Timeline { since } => {
+            let events = NodeClient::connect(&socket()?)?.events(0)?;
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let from_ms = now_ms.saturating_sub(since.as_millis() as u64);
+            // Events before the window matter only for who held a GPU at its start.
+            let dropped = events.first > 1
+                && events.events.first().is_none_or(|e| e.at_ms > from_ms);
+            let held = timeline::spans(&events, from_ms, now_ms);
+            write_out(out, &timeline::render(&held, now_ms, *since, dropped)).map(drop)
         }
         Command::Release { key } => match NodeClient::connect(&socket()?)?.release(&release_key(key))? {
             Some(vgpu) => write_out(out, &format!("{}\n", vgpu.id)).map(drop),

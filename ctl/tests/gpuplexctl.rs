@@ -413,3 +413,54 @@ fn top_exits_1_when_the_service_goes_away() {
     one_line_stderr(&output);
     assert_eq!(stdout(&output).matches("\x1b[H\x1b[2J").count(), 1);
 }
+
+#[test]
+fn timeline_draws_the_services_window_events() {
+    use gpuplex_scheduler::protocol::{EventLine, EventsReply};
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let event = |seq: u64, ago_ms: u64, container: &str| EventLine {
+        seq,
+        at_ms: now_ms - ago_ms,
+        gpu: 0,
+        vgpu: Some(format!("vgpu-{seq}")),
+        container: Some(container.into()),
+    };
+    let reply = Reply {
+        ok: true,
+        events: Some(EventsReply {
+            first: 1,
+            events: vec![event(1, 20_000, "job-a"), event(2, 10_000, "job-b")],
+        }),
+        ..Reply::default()
+    };
+    let fake = Fake::start(vec![reply.to_line()]);
+    let output = fake.run(&["timeline", "--since", "30s"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = stdout(&output);
+    assert!(
+        text.starts_with("window holders over the last 30s"),
+        "{text}"
+    );
+    let row = |name: &str| {
+        let line = text.lines().find(|l| l.trim_start().starts_with(name));
+        line.unwrap_or_else(|| panic!("{name}: {text}")).to_owned()
+    };
+    // job-a from 10 s into the drawing to 20 s; job-b from 20 s on (100 columns of 300 ms).
+    let a = row("job-a");
+    let b = row("job-b");
+    assert!(
+        a.matches('█').count() >= 32 && a.matches('█').count() <= 35,
+        "{text}"
+    );
+    assert!(
+        b.matches('█').count() >= 32 && b.matches('█').count() <= 35,
+        "{text}"
+    );
+    assert_eq!(fake.requests(), [json!({"op": "events", "since": 0})]);
+    let bad = gpuplexctl(&["timeline", "--since", "2h"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(one_line_stderr(&bad).contains("--since `2h`"));
+}

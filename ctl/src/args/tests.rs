@@ -80,8 +80,8 @@ fn global_options_go_anywhere() {
 #[test]
 fn errors_name_the_flag_and_value() {
     for (line, expected) in [
-        ("", "missing a command: status, top, register or release"),
-        ("frobnicate", "unknown command `frobnicate`: expected status, top, register or release"),
+        ("", "missing a command: status, top, timeline, register, release, install or uninstall"),
+        ("frobnicate", "unknown command `frobnicate`: expected status, top, timeline, register, release, install or uninstall"),
         ("status -o yaml", "status: -o `yaml`: expected table or json"),
         ("status --pid 3", "status: unknown option `--pid`"),
         ("status extra", "status: unexpected argument `extra`"),
@@ -100,7 +100,78 @@ fn errors_name_the_flag_and_value() {
         ("release", "release: missing the id: a container id or a vGPU id"),
         ("release a b", "release: unexpected argument `b`: release takes one id"),
         ("status --socket", "missing argument for option '--socket'"),
+        ("install", "install: missing what to install into: containerd or podman"),
+        ("uninstall", "uninstall: missing what to uninstall into: containerd or podman"),
+        ("install docker", "install: unknown target `docker`: expected containerd or podman"),
+        ("install containerd podman", "install: unexpected argument `podman`: install takes containerd or podman"),
+        ("install containerd --hooks-dir /h", "install: --hooks-dir `/h` is podman's: containerd takes --config and --containerd"),
+        ("install podman --config /c", "install: --config `/c` is containerd's: podman takes --hooks-dir and --hook"),
+        ("install podman --containerd /bin/containerd", "install: --containerd `/bin/containerd` is containerd's: podman takes --hooks-dir and --hook"),
+        ("install podman --hook rel/gpuplex-hook", "install: --hook `rel/gpuplex-hook`: give an absolute path (podman runs it from anywhere)"),
+        ("uninstall podman --hook /h", "uninstall: --hook `/h`: uninstall finds the files by their contents, whatever hook they call"),
+        ("install containerd --pid 3", "install: unknown option `--pid`"),
+        ("status --dry-run", "status: unknown option `--dry-run`"),
+        ("install containerd --dry-run=yes", "unexpected argument for option '--dry-run': \"yes\""),
     ] {
         assert_eq!(error(line), expected, "{line}");
     }
+}
+
+#[test]
+fn install_and_uninstall() {
+    use crate::install::{Request, Target};
+    let containerd = |config: &str, containerd: &str| Target::Containerd {
+        config: config.into(),
+        containerd: containerd.into(),
+    };
+    assert_eq!(
+        command("install containerd"),
+        Command::Install(Request {
+            uninstall: false,
+            dry_run: false,
+            target: containerd("/etc/containerd/config.toml", "containerd"),
+        })
+    );
+    // --config names containerd's config here, wherever it is written.
+    for line in [
+        "install containerd --config /c.toml --dry-run --containerd /opt/containerd",
+        "--config /c.toml install --dry-run containerd --containerd=/opt/containerd",
+    ] {
+        let cli = parse_line(line).unwrap();
+        assert_eq!(cli.config, None, "{line}");
+        assert_eq!(
+            cli.command,
+            Command::Install(Request {
+                uninstall: false,
+                dry_run: true,
+                target: containerd("/c.toml", "/opt/containerd"),
+            }),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        command("uninstall podman"),
+        Command::Install(Request {
+            uninstall: true,
+            dry_run: false,
+            target: Target::Podman {
+                hooks_dir: "/usr/share/containers/oci/hooks.d".into(),
+                hook: None,
+            },
+        })
+    );
+    assert_eq!(
+        command(
+            "install podman --hooks-dir /etc/containers/oci/hooks.d --hook /opt/bin/gpuplex-hook"
+        ),
+        Command::Install(Request {
+            uninstall: false,
+            dry_run: false,
+            target: Target::Podman {
+                hooks_dir: "/etc/containers/oci/hooks.d".into(),
+                hook: Some("/opt/bin/gpuplex-hook".into()),
+            },
+        })
+    );
+    assert_eq!(command("install --help"), Command::Help);
 }
