@@ -65,6 +65,8 @@ pub enum Command {
     Timeline {
         /// How far back.
         since: Duration,
+        /// `-o svg`: an SVG image rather than text.
+        svg: bool,
     },
 }
 
@@ -216,6 +218,7 @@ impl Raw {
             ("top", "--interval") => &mut self.interval,
             ("top", "--count") => &mut self.count,
             ("timeline", "--since") => &mut self.interval,
+            ("timeline", "-o" | "--output") => &mut self.output,
             ("register", "--id") => &mut self.id,
             ("register", "--pid") => &mut self.pid,
             ("register", "--cgroup") => &mut self.cgroup,
@@ -332,7 +335,14 @@ impl Raw {
                         }
                     },
                 };
-                Ok(Command::Timeline { since })
+                let svg = match self.output.as_deref() {
+                    None | Some("text") => false,
+                    Some("svg") => true,
+                    Some(other) => {
+                        return Err(usage(format!("-o `{other}`: expected text or svg")))
+                    }
+                };
+                Ok(Command::Timeline { since, svg })
             }
             "install" | "uninstall" => self.into_install(name == "uninstall"),
             _ => {

@@ -130,7 +130,7 @@ pub fn run(
             write_out(out, &pretty(&vgpu)).map(drop)
         }
         Command::Install(request) => install::run(request, out),
-        Command::Timeline { since } => {
+        Command::Timeline { since, svg } => {
             let events = NodeClient::connect(&socket()?)?.events(0)?;
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -140,7 +140,12 @@ pub fn run(
             let dropped = events.first > 1
                 && events.events.first().is_none_or(|e| e.at_ms > from_ms);
             let held = timeline::spans(&events, from_ms, now_ms);
-            write_out(out, &timeline::render(&held, now_ms, *since, dropped)).map(drop)
+            let drawn = if *svg {
+                timeline::svg(&held, now_ms, *since)
+            } else {
+                timeline::render(&held, now_ms, *since, dropped)
+            };
+            write_out(out, &drawn).map(drop)
         }
         Command::Release { key } => match NodeClient::connect(&socket()?)?.release(&release_key(key))? {
             Some(vgpu) => write_out(out, &format!("{}\n", vgpu.id)).map(drop),

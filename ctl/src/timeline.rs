@@ -106,6 +106,86 @@ pub fn render(held: &[Held], to_ms: u64, span: Duration, dropped: bool) -> Strin
     out
 }
 
+/// The spans as an SVG image over the `span` up to `to_ms`: a band per GPU, a row per holder, a
+/// bar where it held the window, and a time axis in seconds before `to_ms`. Names are escaped
+/// (a container's id is its owner's to choose).
+pub fn svg(held: &[Held], to_ms: u64, span: Duration) -> String {
+    const WIDTH: f64 = 900.0;
+    const LABEL: f64 = 180.0;
+    const ROW: f64 = 18.0;
+    let from_ms = to_ms.saturating_sub(span.as_millis() as u64);
+    let scale = WIDTH / (span.as_millis().max(1) as f64);
+    let x = |ms: u64| LABEL + (ms.saturating_sub(from_ms)) as f64 * scale;
+    let mut rows: Vec<(u32, &str)> = held.iter().map(|h| (h.gpu, h.holder.as_str())).collect();
+    rows.sort();
+    rows.dedup();
+    let mut gpus: Vec<u32> = rows.iter().map(|(g, _)| *g).collect();
+    gpus.dedup();
+    let mut body = String::new();
+    let mut y = 10.0;
+    for gpu in &gpus {
+        let _ = writeln!(
+            body,
+            r#"<text x="4" y="{:.0}" font-weight="bold">GPU {gpu}</text>"#,
+            y + 12.0
+        );
+        y += ROW;
+        for (_, name) in rows.iter().filter(|r| r.0 == *gpu) {
+            let _ = writeln!(
+                body,
+                r#"<text x="12" y="{:.0}">{}</text>"#,
+                y + 12.0,
+                escape(name)
+            );
+            for h in held.iter().filter(|h| h.gpu == *gpu && h.holder == *name) {
+                let (a, b) = (x(h.from_ms), x(h.to_ms));
+                let _ = writeln!(
+                    body,
+                    r#"<rect x="{a:.1}" y="{:.0}" width="{:.1}" height="{:.0}" fill="steelblue"/>"#,
+                    y + 2.0,
+                    (b - a).max(0.5),
+                    ROW - 4.0
+                );
+            }
+            y += ROW;
+        }
+    }
+    // The axis: ten ticks, labelled in seconds before now.
+    let _ = writeln!(
+        body,
+        r#"<line x1="{LABEL}" y1="{y:.0}" x2="{:.0}" y2="{y:.0}" stroke="black"/>"#,
+        LABEL + WIDTH
+    );
+    for tick in 0..=10u32 {
+        let at = LABEL + WIDTH * f64::from(tick) / 10.0;
+        let before = span.mul_f64(f64::from(10 - tick) / 10.0);
+        let _ = writeln!(
+            body,
+            r#"<text x="{at:.0}" y="{:.0}" text-anchor="middle">-{}</text>"#,
+            y + 14.0,
+            format_duration(before)
+        );
+    }
+    format!(
+        concat!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{:.0}" height="{:.0}" font-family="monospace" font-size="12">"#,
+            "\n<title>gpuplex window holders over the last {}</title>\n{}</svg>\n"
+        ),
+        LABEL + WIDTH + 20.0,
+        y + 24.0,
+        format_duration(span),
+        body
+    )
+}
+
+/// Text made safe inside an SVG element.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +246,47 @@ mod tests {
         assert_eq!(row("b").chars().filter(|&c| c == '█').count(), 40);
         assert!(row("c").ends_with(&"█".repeat(70)));
         assert!(text.contains("GPU 1"));
+    }
+
+    #[test]
+    fn the_svg_has_a_bar_per_span_and_escapes_names() {
+        let held = [
+            Held {
+                gpu: 0,
+                holder: "<a&b>".into(),
+                from_ms: 1_000,
+                to_ms: 1_500,
+            },
+            Held {
+                gpu: 0,
+                holder: "<a&b>".into(),
+                from_ms: 1_600,
+                to_ms: 2_000,
+            },
+            Held {
+                gpu: 1,
+                holder: "c".into(),
+                from_ms: 1_000,
+                to_ms: 2_000,
+            },
+        ];
+        let image = svg(&held, 2_000, Duration::from_secs(1));
+        assert!(
+            image.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{image}"
+        );
+        assert!(image.trim_end().ends_with("</svg>"));
+        assert_eq!(image.matches("<rect ").count(), 3);
+        assert!(
+            image.contains("&lt;a&amp;b&gt;") && !image.contains("<a&b>"),
+            "{image}"
+        );
+        // The first bar: half of the 900 px from the label column.
+        assert!(
+            image.contains(r#"<rect x="180.0" y="30" width="450.0""#),
+            "{image}"
+        );
+        assert!(image.contains(">GPU 1</text>"));
     }
 
     #[test]

@@ -460,6 +460,15 @@ fn timeline_draws_the_services_window_events() {
         "{text}"
     );
     assert_eq!(fake.requests(), [json!({"op": "events", "since": 0})]);
+    let fake = Fake::start(vec![reply.to_line()]);
+    let output = fake.run(&["timeline", "-o", "svg"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let image = stdout(&output);
+    assert!(image.starts_with("<svg ") && image.trim_end().ends_with("</svg>"), "{image}");
+    assert_eq!(image.matches("<rect ").count(), 2, "{image}");
+    let bad = gpuplexctl(&["timeline", "-o", "png"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(one_line_stderr(&bad).contains("expected text or svg"));
     let bad = gpuplexctl(&["timeline", "--since", "2h"], &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(one_line_stderr(&bad).contains("--since `2h`"));
