@@ -464,7 +464,10 @@ fn timeline_draws_the_services_window_events() {
     let output = fake.run(&["timeline", "-o", "svg"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let image = stdout(&output);
-    assert!(image.starts_with("<svg ") && image.trim_end().ends_with("</svg>"), "{image}");
+    assert!(
+        image.starts_with("<svg ") && image.trim_end().ends_with("</svg>"),
+        "{image}"
+    );
     assert_eq!(image.matches("<rect ").count(), 2, "{image}");
     let bad = gpuplexctl(&["timeline", "-o", "png"], &[]);
     assert_eq!(bad.status.code(), Some(2));
