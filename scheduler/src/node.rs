@@ -359,14 +359,7 @@ impl Node {
             .filter(|(k, _)| k.starts_with(crate::request::PREFIX) || is_pod_key(k))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let request = VgpuRequest::from_annotations(
-            annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )?
-        .ok_or(NodeError::NoRequest)?;
-        let namespace = crate::request::POD_NAMESPACE_KEYS
-            .iter()
-            .find_map(|key| annotations.get(*key));
-        self.policy.admit(&request, namespace.map(String::as_str))?;
+        let request = self.admitted(&annotations)?;
         let id = VgpuId(self.next_id);
         let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         // A GPU counts as having work when a vGPU there has work, or when an arrival there is
@@ -735,6 +728,23 @@ impl Node {
     /// Carries a GPU's accounting over a restart.
     pub fn carry_over_gpu_stats(&mut self, gpu: GpuIndex, stats: GpuStats) -> bool {
         self.windows.carry_over_gpu_stats(gpu, stats)
+    }
+}
+
+impl Node {
+    /// The request kept annotations make (`gpuplex.io/` keys and the pod's), as the operator's
+    /// policy admits it for the pod's namespace: the one check of every reservation, pin and
+    /// allocation's weight.
+    fn admitted(&self, annotations: &BTreeMap<String, String>) -> Result<VgpuRequest, NodeError> {
+        let request = VgpuRequest::from_annotations(
+            annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?
+        .ok_or(NodeError::NoRequest)?;
+        let namespace = crate::request::POD_NAMESPACE_KEYS
+            .iter()
+            .find_map(|key| annotations.get(*key));
+        self.policy.admit(&request, namespace.map(String::as_str))?;
+        Ok(request)
     }
 }
 

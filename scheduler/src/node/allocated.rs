@@ -130,14 +130,7 @@ impl Node {
                 annotations.insert(key.clone(), value.clone());
             }
         }
-        let request = VgpuRequest::from_annotations(
-            annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )?
-        .ok_or(NodeError::NoRequest)?;
-        let namespace = crate::request::POD_NAMESPACE_KEYS
-            .iter()
-            .find_map(|key| annotations.get(*key));
-        self.policy.admit(&request, namespace.map(String::as_str))?;
+        let request = self.admitted(&annotations)?;
         Ok((annotations, request))
     }
 }

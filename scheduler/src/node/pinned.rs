@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::{check_claim_uid, is_pod_key, Node, NodeError, VgpuRecord};
 use crate::inventory::Assignment;
-use crate::request::{GpuMemory, VgpuRequest, GPUS, GPU_MEMORY, GPU_MODEL};
+use crate::request::{GpuMemory, GPUS, GPU_MEMORY, GPU_MODEL};
 use crate::{GpuIndex, Handle, Instant, VgpuId};
 
 /// Where a claim's vGPU goes: the GPUs and the bytes on each that kube-scheduler allocated.
@@ -106,13 +106,7 @@ impl Node {
         // service reads the request back from the record's annotations.
         kept.insert(GPUS.to_owned(), gpus.len().to_string());
         kept.insert(GPU_MEMORY.to_owned(), placement.memory.to_string());
-        let request =
-            VgpuRequest::from_annotations(kept.iter().map(|(k, v)| (k.as_str(), v.as_str())))?
-                .ok_or(NodeError::NoRequest)?;
-        let namespace = crate::request::POD_NAMESPACE_KEYS
-            .iter()
-            .find_map(|key| kept.get(*key));
-        self.policy.admit(&request, namespace.map(String::as_str))?;
+        let request = self.admitted(&kept)?;
         let id = VgpuId(self.next_id);
         let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         let assignment = Assignment {
