@@ -316,6 +316,11 @@ impl StateDir {
         &self.dir
     }
 
+    /// The node lock's file ([`StateDir::lock`]).
+    pub fn lock_path(&self) -> PathBuf {
+        self.dir.join(LOCK)
+    }
+
     fn file_of(&self, vgpu: VgpuId) -> PathBuf {
         self.dir.join(format!("{vgpu}.json"))
     }
@@ -437,7 +442,7 @@ impl StateDir {
     /// thawed what that service left frozen), then refuses.
     pub fn lock(&self, wait: Duration) -> Result<NodeLock, StateError> {
         use nix::fcntl::{Flock, FlockArg};
-        let path = self.dir.join(LOCK);
+        let path = self.lock_path();
         let fail = |source: std::io::Error| StateError {
             action: "lock",
             path: path.clone(),

@@ -228,6 +228,111 @@ fn a_running_process_registered_by_pid_is_windowed_from_its_first_sample() {
     }
 }
 
+/// `containerd-shim-gpuplex-v1 stop --config <the service's> [args]`: its exit status and its
+/// one line (stdout, else stderr).
+fn stop(service: &NodeService, args: &[&str]) -> (bool, String) {
+    let out = Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
+        .arg("stop")
+        .arg("--config")
+        .arg(&service.config)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = if out.stdout.is_empty() {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    } else {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    (out.status.success(), text.trim_end().to_string())
+}
+
+#[test]
+fn stop_ends_the_service_from_outside_and_leaves_nothing_frozen() {
+    if !can_run("stop_ends_the_service_from_outside_and_leaves_nothing_frozen") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "stopped");
+    let (pid, watchdog) = (service.pid(), service.watchdog_pid());
+    let (ok, line) = stop(&service, &[]);
+    assert!(ok, "{line}");
+    assert!(
+        line.starts_with(&format!("stopped the gpuplex node service (pid {pid});")),
+        "{line}"
+    );
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+    // It stopped as on SIGTERM: exit 0; its watchdog is gone too.
+    let status = service.child.take().unwrap().wait().unwrap();
+    assert!(status.success(), "{status}: {}", service.log_text());
+    assert!(!alive(watchdog));
+    // Nothing runs now: a second stop says so, and a new service starts at once.
+    let (ok, again) = stop(&service, &[]);
+    assert!(
+        ok && again.starts_with("no gpuplex node service was running on "),
+        "{again}"
+    );
+    service.spawn();
+}
+
+#[test]
+fn stop_kills_a_service_that_does_not_stop_and_its_watchdog_thaws() {
+    if !can_run("stop_kills_a_service_that_does_not_stop_and_its_watchdog_thaws") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "stuck");
+    // A stopped process handles no SIGTERM: only SIGKILL ends it.
+    let pid = service.pid();
+    signal(pid, Signal::SIGSTOP);
+    let (ok, line) = stop(&service, &["--timeout", "500ms"]);
+    assert!(ok, "{line}");
+    assert!(
+        line.starts_with(&format!("killed the gpuplex node service (pid {pid})")),
+        "{line}"
+    );
+    assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+    let status = service.child.take().unwrap().wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+}
+
+#[test]
+fn stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen() {
+    if !can_run("stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "orphaned");
+    let watchdog = service.watchdog_pid();
+    signal(watchdog, Signal::SIGSTOP);
+    service.kill9();
+    signal(watchdog, Signal::SIGKILL);
+    assert!(wait_until(Duration::from_secs(2), || !alive(watchdog)).is_some());
+    assert_eq!(cgroups.iter().filter(|c| c.is_frozen()).count(), 2);
+    let (ok, line) = stop(&service, &[]);
+    assert!(ok, "{line}");
+    assert!(
+        line.starts_with("no gpuplex node service was running on "),
+        "{line}"
+    );
+    assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+}
+
 fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None).is_ok()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -25,6 +25,7 @@ mod exits;
 mod recover;
 mod requests;
 mod socket;
+pub mod stop;
 mod stopping;
 mod unstarted;
 pub mod watchdog;

@@ -34,18 +34,12 @@ impl Service {
             tracing::error!("state: {why}");
         }
         // Records written before the frozen list existed: their cgroups too.
-        for saved in loaded.vgpus.iter().filter(|s| !s.held) {
-            for a in saved.attachment.iter().chain(&saved.shared) {
-                let Ok(cgroup) = a.freezer.resolve(&self.hierarchies) else {
-                    continue;
-                };
-                if let Err(e) = cgroup.thaw() {
-                    tracing::warn!(
-                        "{}: cannot thaw {}: {e}",
-                        saved.vgpu,
-                        cgroup.path().display()
-                    );
-                }
+        for freezer in super::stop::saved_cgroups(&loaded.vgpus) {
+            let Ok(cgroup) = freezer.resolve(&self.hierarchies) else {
+                continue;
+            };
+            if let Err(e) = cgroup.thaw() {
+                tracing::warn!("cannot thaw {}: {e}", cgroup.path().display());
             }
         }
         if thawed > 0 {

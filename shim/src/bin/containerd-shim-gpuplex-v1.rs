@@ -1,27 +1,40 @@
 //! `containerd-shim-gpuplex-v1`: containerd's shim v2 for gpuplex when containerd runs it
 //! (`-namespace NS -address A -id ID start|delete`, and the daemon it starts), the node
-//! service (`serve`), and the service's watchdog (`watchdog`, which the service starts itself).
+//! service (`serve`), its stop from outside (`stop`), and the service's watchdog (`watchdog`,
+//! which the service starts itself).
 //!
 //! Exit codes: 0 stopped by SIGTERM/SIGINT after thawing everything; 1 could not start (one line
 //! on stderr says why); 2 usage.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
+use gpuplex_scheduler::time::parse_duration;
 
 const USAGE: &str = "\
 usage: containerd-shim-gpuplex-v1 serve [--config PATH]
+       containerd-shim-gpuplex-v1 stop [--config PATH] [--timeout DURATION]
 
-Runs the gpuplex node service in the foreground: it finds this machine's GPUs, serves the node
-socket, samples activity and freezes and thaws containers in their execution windows.
-It stops on SIGTERM or SIGINT, thawing every container it froze.
+serve  Runs the gpuplex node service in the foreground: it finds this machine's GPUs, serves
+       the node socket, samples activity and freezes and thaws containers in their execution
+       windows. It stops on SIGTERM or SIGINT, thawing every container it froze.
+stop   Stops the node service of that configuration's state_dir however it was started
+       (SIGTERM; SIGKILL after --timeout, default 15s), then thaws whatever it may have
+       left frozen, and says so in one line. The Debian package runs it when removed.
 
   --config PATH   the configuration (default: $GPUPLEX_CONFIG, else /etc/gpuplex/gpuplex.toml;
                   an absent default file means every default)
   GPUPLEX_LOG     log filter (default: info; e.g. debug, gpuplex_node=debug)
 
 Exit codes: 0 stopped by a signal, 1 could not start, 2 usage.";
+
+/// How long `stop` gives the service to stop on SIGTERM by default: the unit's `TimeoutStopSec`.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The longest `--timeout` of `stop`.
+const MAX_STOP_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
     use lexopt::prelude::*;
@@ -58,6 +71,7 @@ fn main() -> ExitCode {
         }
     };
     let flag = match command.as_str() {
+        "stop" => return stop(&mut parser),
         "serve" => match option(&mut parser, "config") {
             Ok(flag) => flag,
             Err(why) => {
@@ -99,14 +113,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let env = std::env::var_os(CONFIG_ENV);
-    let (path, named) = config_path(flag.as_deref(), env.as_deref());
-    let config = match NodeConfig::load(&path, named) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("containerd-shim-gpuplex-v1: {e}");
-            return ExitCode::from(1);
-        }
+    let Some((config, path)) = load_config("containerd-shim-gpuplex-v1", flag.as_deref()) else {
+        return ExitCode::from(1);
     };
     if path.exists() {
         tracing::info!("configuration: {}", path.display());
@@ -121,6 +129,69 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("containerd-shim-gpuplex-v1: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// `stop [--config PATH] [--timeout DURATION]`: the service of the configuration's
+/// `state_dir` stopped, what it left frozen thawed.
+fn stop(parser: &mut lexopt::Parser) -> ExitCode {
+    use lexopt::prelude::*;
+    let mut flag = None;
+    let mut timeout = STOP_TIMEOUT;
+    let usage = |why: String| {
+        eprintln!("containerd-shim-gpuplex-v1 stop: {why}; try --help");
+        ExitCode::from(2)
+    };
+    loop {
+        match parser.next() {
+            Ok(None) => break,
+            Ok(Some(Long("config"))) => match parser.value() {
+                Ok(path) => flag = Some(PathBuf::from(path)),
+                Err(_) => return usage("--config needs a path".into()),
+            },
+            Ok(Some(Long("timeout"))) => {
+                let value = parser.value().ok().and_then(|v| v.into_string().ok());
+                match value.as_deref().map(parse_duration) {
+                    Some(Ok(d)) if !d.is_zero() && d <= MAX_STOP_TIMEOUT => timeout = d,
+                    _ => {
+                        return usage("--timeout needs a duration from 1ms to 10m, like 15s".into())
+                    }
+                }
+            }
+            Ok(Some(other)) => return usage(other.unexpected().to_string()),
+            Err(e) => return usage(e.to_string()),
+        }
+    }
+    let Some((config, _)) = load_config("containerd-shim-gpuplex-v1 stop", flag.as_deref()) else {
+        return ExitCode::from(1);
+    };
+    let state_dir = &config.service.state_dir;
+    match gpuplex_node::service::stop::stop(state_dir, timeout) {
+        Ok(stopped) => {
+            for why in &stopped.unread {
+                eprintln!("containerd-shim-gpuplex-v1 stop: {why}");
+            }
+            println!("{}", stopped.summary(state_dir));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("containerd-shim-gpuplex-v1 stop: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The configuration (`--config`, else `$GPUPLEX_CONFIG`, else the default file) and its path;
+/// `None` once `who` has said in one line why it cannot be read.
+fn load_config(who: &str, flag: Option<&std::path::Path>) -> Option<(NodeConfig, PathBuf)> {
+    let env = std::env::var_os(CONFIG_ENV);
+    let (path, named) = config_path(flag, env.as_deref());
+    match NodeConfig::load(&path, named) {
+        Ok(config) => Some((config, path)),
+        Err(e) => {
+            eprintln!("{who}: {e}");
+            None
         }
     }
 }
