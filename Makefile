@@ -9,6 +9,8 @@
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 #   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
 #               `make test`, which replays what the fuzzers found (fuzz/regressions/)
+#   make deb    the Debian package gpuplex_<version>-1_<arch>.deb, here, with cargo-deb (installed
+#               when missing): apt install ./gpuplex_*.deb (shim/Cargo.toml says what is in it)
 #   make image  the node image of config/kubernetes/gpuplex.yaml (localhost/gpuplex:0.1.0) with
 #               podman, from the release binaries (PROFILE=debug: the debug ones); no registry
 
@@ -20,7 +22,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-deps fmt-check clippy bench bench-deps properties fuzz install image image-deps
+.PHONY: all build demo test test-deps cargo-deb fmt-check clippy bench bench-deps properties fuzz install deb image image-deps
 
 all: build
 
@@ -60,9 +62,20 @@ test-deps:
 
 # The integration tests run the workspace's binaries (found by gpuplex_integration::bin, which
 # refuses one older than its sources); `cargo test` builds only those of packages with tests/.
-test: test-deps fmt-check clippy
+test: test-deps cargo-deb fmt-check clippy
 	$(CARGO) build --workspace --bins --locked
 	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
+
+# cargo-deb, at the version the package was written for: `make deb` builds with it, and
+# tests/tests/package.rs builds a package of the debug binaries with it and installs that.
+CARGO_DEB_VERSION = 3.8.0
+cargo-deb:
+	@cargo-deb --version 2>/dev/null | grep -qx 'cargo-deb $(CARGO_DEB_VERSION)' || \
+		$(CARGO) install cargo-deb --version $(CARGO_DEB_VERSION) --locked
+
+# The package of the release binaries, built first (cargo-deb packs them as built), written here.
+deb: cargo-deb build
+	$(CARGO) deb -p gpuplex-shim --no-build --locked --output .
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -140,17 +153,20 @@ install: build
 	install -D -m 0755 target/release/gpuplex-dra $(DESTDIR)$(PREFIX)/bin/gpuplex-dra
 	mkdir -p $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d
 	for f in config/hooks.d/*.json; do \
-		sed 's|/usr/local/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' $$f \
+		sed 's|/usr/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' $$f \
 			> $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d/$$(basename $$f); \
 	done
-	install -D -m 0644 config/runc-hooks.json $(DESTDIR)$(PREFIX)/share/gpuplex/runc-hooks.json
+	sed 's|/usr/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' config/runc-hooks.json \
+		> $(DESTDIR)$(PREFIX)/share/gpuplex/runc-hooks.json
 	install -D -m 0644 config/containerd/config-v2.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v2.toml
 	install -D -m 0644 config/containerd/config-v3.toml $(DESTDIR)$(PREFIX)/share/gpuplex/containerd/config-v3.toml
 	install -D -m 0644 config/kubernetes/runtimeclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/runtimeclass.yaml
 	install -D -m 0644 config/kubernetes/deviceclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/deviceclass.yaml
 	install -D -m 0644 config/kubernetes/gpuplex.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/gpuplex.yaml
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/examples config/kubernetes/examples/*.yaml
-	install -D -m 0644 config/gpuplex.service $(DESTDIR)/etc/systemd/system/gpuplex.service
+	mkdir -p $(DESTDIR)/etc/systemd/system
+	sed 's|/usr/bin/containerd-shim-gpuplex-v1|$(PREFIX)/bin/containerd-shim-gpuplex-v1|' config/gpuplex.service \
+		> $(DESTDIR)/etc/systemd/system/gpuplex.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \
 	else \

@@ -51,7 +51,7 @@ gpuplex_podman_setup() {
 	mkdir -p "$dir/hooks.d"
 	if [ "${2:-}" = hooks ]; then
 		for stage in precreate createRuntime poststop; do
-			sed -e "s|/usr/local/bin/gpuplex-hook|$bin/gpuplex-hook|" \
+			sed -e "s|/usr/bin/gpuplex-hook|$bin/gpuplex-hook|" \
 				-e "s|\"args\": \\[\"gpuplex-hook\", \"$stage\"\\]|\"args\": [\"gpuplex-hook\", \"--config\", \"$work/gpuplex.toml\", \"$stage\"]|" \
 				"$repo/config/hooks.d/gpuplex-$stage.json" >"$dir/hooks.d/gpuplex-$stage.json"
 		done

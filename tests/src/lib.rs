@@ -54,6 +54,8 @@ pub fn bin(name: &str) -> PathBuf {
     let crates: &[&str] = match name {
         "gpuplex-hook" => &["scheduler", "client", "cgroup", "hook"],
         "gpuplexctl" => &["scheduler", "client", "ctl"],
+        "gpuplex-dra" => &["scheduler", "client", "cgroup", "hook", "dra"],
+        "gpuplex-sim" => &["scheduler"],
         _ => &["scheduler", "client", "cgroup", "hook", "node", "shim"],
     };
     for krate in crates {
@@ -286,6 +288,17 @@ impl Podman {
     /// Sets podman up under `dir`, with the hooks of `config/hooks.d` calling the built
     /// `gpuplex-hook --config <config>` (`None`: no gpuplex hooks).
     pub fn new(dir: &Path, gpuplex_config: Option<&Path>) -> Podman {
+        Podman::set_up(dir, gpuplex_config, true)
+    }
+
+    /// Sets podman up under `dir` reading the hooks directories it reads by default
+    /// (`/usr/share/containers/oci/hooks.d`, `/etc/containers/oci/hooks.d`): those of an
+    /// installed package.
+    pub fn with_default_hooks(dir: &Path) -> Podman {
+        Podman::set_up(dir, None, false)
+    }
+
+    fn set_up(dir: &Path, gpuplex_config: Option<&Path>, own_hooks: bool) -> Podman {
         std::fs::create_dir_all(dir).unwrap();
         let hooks = dir.join("hooks.d");
         std::fs::create_dir_all(&hooks).unwrap();
@@ -304,8 +317,12 @@ impl Podman {
         std::fs::write(
             dir.join("containers.conf"),
             format!(
-                "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nhooks_dir = [\"{}\"]\n",
-                hooks.display()
+                "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n{}",
+                if own_hooks {
+                    format!("hooks_dir = [\"{}\"]\n", hooks.display())
+                } else {
+                    String::new()
+                }
             ),
         )
         .unwrap();

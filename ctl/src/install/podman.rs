@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::{read_text, Change, InstallError, Plan};
 
 /// The path the shipped files name; replaced by the hook's.
-pub const SHIPPED_HOOK: &str = "/usr/local/bin/gpuplex-hook";
+pub const SHIPPED_HOOK: &str = "/usr/bin/gpuplex-hook";
 
 /// The shipped files, by name, in the order podman runs them.
 pub const FILES: [(&str, &str); 3] = [

@@ -34,8 +34,9 @@ pub struct Stopped {
     pub terminated: Vec<u32>,
     /// The pids that had to be killed.
     pub killed: Vec<u32>,
-    /// How many cgroups were thawed by the stop itself (the service thaws its own first).
-    pub thawed: usize,
+    /// How many cgroups the stop itself left thawed, whether or not they still were frozen (the
+    /// service thaws its own first).
+    pub checked: usize,
     /// State files that could not be read (set aside as `.bad`), one line each.
     pub unread: Vec<String>,
 }
@@ -55,8 +56,8 @@ impl Stopped {
             ),
         };
         format!(
-            "{who}; every container it may have frozen is thawed ({} cgroup(s) thawed here)",
-            self.thawed
+            "{who}; every container it may have frozen is thawed ({} cgroup(s) checked)",
+            self.checked
         )
     }
 }
@@ -145,7 +146,7 @@ pub fn stop(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
             continue;
         };
         match cgroup.thaw() {
-            Ok(()) => stopped.thawed += 1,
+            Ok(()) => stopped.checked += 1,
             Err(e) if e.is_gone() => {}
             Err(e) => failed.push(format!("{}: {e}", cgroup.path().display())),
         }
