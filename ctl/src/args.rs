@@ -388,9 +388,7 @@ impl Raw {
                     )));
                 }
                 install::Target::Containerd {
-                    config: self
-                        .containerd_config
-                        .unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONTAINERD_CONFIG)),
+                    config: self.containerd_config,
                     containerd: self
                         .containerd
                         .unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONTAINERD)),
@@ -418,9 +416,7 @@ impl Raw {
                     )));
                 }
                 install::Target::Podman {
-                    hooks_dir: self
-                        .hooks_dir
-                        .unwrap_or_else(|| PathBuf::from(install::DEFAULT_HOOKS_DIR)),
+                    hooks_dir: self.hooks_dir,
                     hook: self.hook,
                 }
             }

@@ -27,12 +27,40 @@ const DEBIAN: &str = r#"version = 2
 "#;
 
 fn gpuplexctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuplexctl"))
+    gpuplexctl_with(args, &[])
+}
+
+/// The same with `env` set.
+fn gpuplexctl_with(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpuplexctl"));
+    command
         .args(args)
         .env_remove("GPUPLEX_SOCKET")
-        .env_remove("GPUPLEX_CONFIG")
-        .output()
-        .expect("gpuplexctl runs")
+        .env_remove("GPUPLEX_CONFIG");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("gpuplexctl runs")
+}
+
+/// Held by the tests that start a containerd: `install containerd` without `--config` looks
+/// for the running containerds.
+static ONE_CONTAINERD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_containerd() -> std::sync::MutexGuard<'static, ()> {
+    ONE_CONTAINERD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How many processes named `containerd` run on this machine.
+fn running_containerds() -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim_end() == "containerd")
+        })
+        .count()
 }
 
 /// The one line on stdout of a run that succeeded; stderr empty.
@@ -258,6 +286,85 @@ fn podman_hooks_are_installed_once_and_removed() {
     assert_eq!(std::fs::read_dir(&hooks).unwrap().count(), 0);
 }
 
+#[test]
+fn podman_hooks_go_where_containers_conf_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = dir.path().join("hooks-from-conf");
+    let conf = dir.path().join("containers.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[containers]\nlog_size_max = -1\n\n[engine]\nhooks_dir = [\"{}\", \"/nonexistent/hooks.d\"]\n",
+            hooks.display()
+        ),
+    )
+    .unwrap();
+    let hook = dir.path().join("gpuplex-hook");
+    std::fs::write(&hook, "#!/bin/sh\n").unwrap();
+    let env = [("CONTAINERS_CONF", conf.as_path())];
+    let line = ok_line(&gpuplexctl_with(
+        &["install", "podman", "--hook", hook.to_str().unwrap()],
+        &env,
+    ));
+    assert!(
+        line.contains(&format!(" in {}, calling ", hooks.display())),
+        "{line}"
+    );
+    assert_eq!(std::fs::read_dir(&hooks).unwrap().count(), 3);
+    let line = ok_line(&gpuplexctl_with(&["uninstall", "podman"], &env));
+    assert!(line.starts_with("removed "), "{line}");
+    assert_eq!(std::fs::read_dir(&hooks).unwrap().count(), 0);
+    // A containers.conf that does not parse: named, with its line and column; nothing written.
+    std::fs::write(&conf, "[engine]\nhooks_dir = [\"/a\" \"/b\"]\n").unwrap();
+    let line = error_line(
+        &gpuplexctl_with(
+            &["install", "podman", "--hook", hook.to_str().unwrap()],
+            &env,
+        ),
+        1,
+    );
+    assert!(
+        line.starts_with(&format!("gpuplexctl: {}: line 2, column ", conf.display())),
+        "{line}"
+    );
+    assert!(line.ends_with("; nothing changed"), "{line}");
+    assert_eq!(std::fs::read_dir(&hooks).unwrap().count(), 0);
+}
+
+#[test]
+fn install_containerd_edits_the_config_the_running_containerd_reads() {
+    let test = "install_containerd_edits_the_config_the_running_containerd_reads";
+    if !can_run_containerd(test) {
+        return;
+    }
+    let _one = one_containerd();
+    let containerd = Containerd::start_with(Setup::default(), |config| {
+        table_at_mut(config, &RUNTIMES_V2).remove("gpuplex");
+    });
+    let config = containerd.dir.join("config.toml");
+    let original = std::fs::read(&config).unwrap();
+    let out = gpuplexctl(&["install", "containerd"]);
+    let running = running_containerds();
+    if running > 1 {
+        // Another containerd runs here (the machine's own): which config is meant is asked.
+        eprintln!("NOTE: {running} containerds run here: only the refusal is checked");
+        let line = error_line(&out, 1);
+        assert!(
+            line.contains("containerds run here with different configs (")
+                && line.contains(&config.display().to_string()),
+            "{line}"
+        );
+        assert_eq!(std::fs::read(&config).unwrap(), original);
+        return;
+    }
+    let line = ok_line(&out);
+    assert!(line.contains(&config.display().to_string()), "{line}");
+    assert_ne!(std::fs::read(&config).unwrap(), original);
+    let line = ok_line(&gpuplexctl(&["uninstall", "containerd"]));
+    assert!(line.contains(&config.display().to_string()), "{line}");
+    assert_eq!(std::fs::read(&config).unwrap(), original);
+}
+
 /// The table at `path` of a containerd config as `toml` reads it.
 fn runtimes(config: &toml::Table) -> Option<&toml::Table> {
     table_at(config, &RUNTIMES_V2)
@@ -269,6 +376,7 @@ fn containerd_runs_gpuplex_pods_from_the_config_install_wrote() {
     if !can_run_containerd(test) {
         return;
     }
+    let _one = one_containerd();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let pause = dir.path().join("pause.tar");
     let busybox = dir.path().join("busybox.tar");

@@ -120,8 +120,8 @@ fn errors_name_the_flag_and_value() {
 #[test]
 fn install_and_uninstall() {
     use crate::install::{Request, Target};
-    let containerd = |config: &str, containerd: &str| Target::Containerd {
-        config: config.into(),
+    let containerd = |config: Option<&str>, containerd: &str| Target::Containerd {
+        config: config.map(Into::into),
         containerd: containerd.into(),
     };
     assert_eq!(
@@ -129,7 +129,7 @@ fn install_and_uninstall() {
         Command::Install(Request {
             uninstall: false,
             dry_run: false,
-            target: containerd("/etc/containerd/config.toml", "containerd"),
+            target: containerd(None, "containerd"),
         })
     );
     // --config names containerd's config here, wherever it is written.
@@ -144,7 +144,7 @@ fn install_and_uninstall() {
             Command::Install(Request {
                 uninstall: false,
                 dry_run: true,
-                target: containerd("/c.toml", "/opt/containerd"),
+                target: containerd(Some("/c.toml"), "/opt/containerd"),
             }),
             "{line}"
         );
@@ -155,7 +155,7 @@ fn install_and_uninstall() {
             uninstall: true,
             dry_run: false,
             target: Target::Podman {
-                hooks_dir: "/usr/share/containers/oci/hooks.d".into(),
+                hooks_dir: None,
                 hook: None,
             },
         })
@@ -168,7 +168,7 @@ fn install_and_uninstall() {
             uninstall: false,
             dry_run: false,
             target: Target::Podman {
-                hooks_dir: "/etc/containers/oci/hooks.d".into(),
+                hooks_dir: Some("/etc/containers/oci/hooks.d".into()),
                 hook: Some("/opt/bin/gpuplex-hook".into()),
             },
         })

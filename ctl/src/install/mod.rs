@@ -10,6 +10,7 @@
 
 pub mod containerd;
 pub mod diff;
+pub mod locate;
 pub mod podman;
 
 use std::fs;
@@ -36,15 +37,17 @@ pub const BACKUP_SUFFIX: &str = ".gpuplex-orig";
 pub enum Target {
     /// containerd's config.
     Containerd {
-        /// The config file (`--config`).
-        config: PathBuf,
+        /// The config file (`--config`); `None`: the running containerd's (its `--config`),
+        /// else containerd's default.
+        config: Option<PathBuf>,
         /// The binary asked for its version (`--containerd`).
         containerd: PathBuf,
     },
     /// podman's hooks directory.
     Podman {
-        /// The directory (`--hooks-dir`).
-        hooks_dir: PathBuf,
+        /// The directory (`--hooks-dir`); `None`: the first of `containers.conf`'s
+        /// `hooks_dir`, else podman's default.
+        hooks_dir: Option<PathBuf>,
         /// The hook the files call (`--hook`); `None`: the `gpuplex-hook` beside `gpuplexctl`.
         hook: Option<PathBuf>,
     },
@@ -104,6 +107,9 @@ pub enum InstallError {
     /// The hook the podman files would call is not there.
     #[error("{0}")]
     Hook(String),
+    /// Where the runtime reads its configuration cannot be told.
+    #[error("{0}")]
+    Locate(String),
     /// A change could not be made; the line says what was done before it.
     #[error("cannot {what}: {source}{done}")]
     Write {
@@ -272,16 +278,30 @@ impl Plan {
 
 /// Carries out `request`, writing its line (after the diff, with `--dry-run`) to `out`.
 pub fn run(request: &Request, out: &mut dyn io::Write) -> Result<(), CtlError> {
-    let plan = match (&request.target, request.uninstall) {
-        (Target::Containerd { config, containerd }, false) => {
-            containerd::plan_install(config, containerd)?
+    let plan = match &request.target {
+        Target::Containerd { config, containerd } => {
+            let config = match config {
+                Some(config) => config.clone(),
+                None => locate::running_containerd_config()?,
+            };
+            if request.uninstall {
+                containerd::plan_uninstall(&config)?
+            } else {
+                containerd::plan_install(&config, containerd)?
+            }
         }
-        (Target::Containerd { config, .. }, true) => containerd::plan_uninstall(config)?,
-        (Target::Podman { hooks_dir, hook }, false) => {
-            let hook = podman::resolve_hook(hook.as_deref(), std::env::current_exe().ok())?;
-            podman::plan_install(hooks_dir, &hook)?
+        Target::Podman { hooks_dir, hook } => {
+            let hooks_dir = match hooks_dir {
+                Some(dir) => dir.clone(),
+                None => locate::podman_hooks_dir_here()?,
+            };
+            if request.uninstall {
+                podman::plan_uninstall(&hooks_dir)?
+            } else {
+                let hook = podman::resolve_hook(hook.as_deref(), std::env::current_exe().ok())?;
+                podman::plan_install(&hooks_dir, &hook)?
+            }
         }
-        (Target::Podman { hooks_dir, .. }, true) => podman::plan_uninstall(hooks_dir)?,
     };
     let line = if request.dry_run && !plan.changes.is_empty() {
         format!("dry run, nothing changed: it would {}", plan.would)

@@ -355,7 +355,7 @@ fn request(config: &Path, containerd: &Path, uninstall: bool, dry_run: bool) -> 
         uninstall,
         dry_run,
         target: Target::Containerd {
-            config: config.to_path_buf(),
+            config: Some(config.to_path_buf()),
             containerd: containerd.to_path_buf(),
         },
     }
