@@ -404,6 +404,20 @@ impl Drop for Podman {
     }
 }
 
+/// What a container of the node's `status` holds, without its accounting (GPU time, windows,
+/// waits, state), which moves with its own activity: its id, vGPU, GPUs, memory, weight and
+/// priority. What another tenant's attack must leave unchanged.
+pub fn holdings(container: &Value) -> Value {
+    json!({
+        "id": container["id"],
+        "vgpu": container["vgpu"],
+        "gpus": container["gpus"],
+        "memory": container["memory"],
+        "weight": container["weight"],
+        "priority": container["priority"],
+    })
+}
+
 /// An output's stdout and stderr, for messages.
 pub fn text(out: &Output) -> String {
     format!(
