@@ -122,14 +122,10 @@ pub fn podman_hooks_dir(confs: &[(String, String)]) -> Result<PathBuf, InstallEr
     let mut dirs: Option<Vec<PathBuf>> = None;
     for (name, text) in confs {
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            let (line, column) = e
-                .span()
-                .map(|s| line_column(text, s.start))
-                .unwrap_or((1, 1));
-            let message: Vec<&str> = e.message().lines().map(str::trim).collect();
+            let (line, column) = super::position(text, e.span().map_or(0, |s| s.start));
             InstallError::Locate(format!(
                 "{name}: line {line}, column {column}: {}; nothing changed",
-                message.join(": ")
+                super::one_line(e.message())
             ))
         })?;
         let Some(value) = table.get("engine").and_then(|e| e.get("hooks_dir")) else {
@@ -165,14 +161,6 @@ pub fn podman_hooks_dir_here() -> Result<PathBuf, InstallError> {
         }
     }
     podman_hooks_dir(&confs)
-}
-
-/// The 1-based line and column of byte `offset` in `text`.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    (line, column)
 }
 
 #[cfg(test)]

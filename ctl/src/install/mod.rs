@@ -320,6 +320,29 @@ pub fn run(request: &Request, out: &mut dyn io::Write) -> Result<(), CtlError> {
     }
 }
 
+/// The line and column (from 1; the column in characters) of byte `offset` of `text`, as a
+/// parse error names them.
+fn position(text: &str, offset: usize) -> (usize, usize) {
+    let mut start = offset.min(text.len());
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let before = &text[..start];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, column)
+}
+
+/// A parser's message on one line: its lines trimmed, the empty ones dropped, joined by "; ".
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// `<config>.gpuplex-orig`.
 pub fn backup_path(config: &Path) -> PathBuf {
     let mut name = config.as_os_str().to_owned();

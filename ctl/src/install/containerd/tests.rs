@@ -1,6 +1,8 @@
 //! gpuplex's runtime entry edited into containerd configs and out again.
 
 use super::*;
+use std::path::{Path, PathBuf};
+
 use crate::install::{run, Request, Target};
 
 /// Debian 12's `/etc/containerd/config.toml` (containerd 1.6.20): version 2, no runtime named.
