@@ -365,6 +365,81 @@ fn install_containerd_edits_the_config_the_running_containerd_reads() {
     assert_eq!(std::fs::read(&config).unwrap(), original);
 }
 
+/// Processes killed (and reaped) on drop.
+struct Impostors(Vec<std::process::Child>);
+
+impl Drop for Impostors {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn install_containerd_asks_no_containerd_of_a_user_or_a_container() {
+    let test = "install_containerd_asks_no_containerd_of_a_user_or_a_container";
+    if !can_run_containerd(test) {
+        return;
+    }
+    let _one = one_containerd();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // A script's process is named after the script: `containerd`, with the arguments given.
+    let script = dir.path().join("containerd");
+    std::fs::write(&script, "#!/bin/sh\nsleep 60\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let user = dir.path().join("user.toml");
+    let contained = dir.path().join("contained.toml");
+    let spawn = |program: &str, args: &[&str], config: &Path| {
+        Command::new(program)
+            .args(args)
+            .arg(&script)
+            .arg("--config")
+            .arg(config)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
+    };
+    let impostors = Impostors(vec![
+        // A user's process, and root's in a mount namespace of its own (as in a container).
+        spawn(
+            "setpriv",
+            &["--reuid=65534", "--regid=65534", "--clear-groups"],
+            &user,
+        ),
+        spawn("unshare", &["--mount"], &contained),
+    ]);
+    let named = wait_until(Duration::from_secs(5), || {
+        impostors.0.iter().all(|c| {
+            std::fs::read_to_string(format!("/proc/{}/comm", c.id()))
+                .is_ok_and(|n| n.trim_end() == "containerd")
+        })
+    });
+    assert!(named, "the impostors did not start");
+    let running = running_containerds();
+    let out = gpuplexctl(&["install", "containerd", "--dry-run"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for path in [&user, &contained] {
+        assert!(!said.contains(&path.display().to_string()), "{said}");
+    }
+    if running == 2 {
+        // Only the impostors: containerd's default file, as when none runs.
+        assert!(out.status.success(), "{said}");
+        let line = said.lines().last().unwrap_or("");
+        assert!(line.contains("/etc/containerd/config.toml"), "{said}");
+    }
+    assert!(!user.exists() && !contained.exists());
+}
+
 /// The table at `path` of a containerd config as `toml` reads it.
 fn runtimes(config: &toml::Table) -> Option<&toml::Table> {
     table_at(config, &RUNTIMES_V2)
@@ -380,8 +455,8 @@ fn containerd_runs_gpuplex_pods_from_the_config_install_wrote() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let pause = dir.path().join("pause.tar");
     let busybox = dir.path().join("busybox.tar");
-    busybox_image_tarball(&pause, "gpuplex.test/pause:1", &PAUSE_COMMAND);
-    busybox_image_tarball(&busybox, "gpuplex.test/busybox:1", &["sh"]);
+    busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
+    busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
     let service = NodeService::start(&dir.path().join("node"), 1, 275, "");
     // A config that names no runtime, as Debian's: the fixture's without gpuplex's and runc's.
     let mut containerd = Containerd::start_with(
@@ -391,7 +466,7 @@ fn containerd_runs_gpuplex_pods_from_the_config_install_wrote() {
         },
         |config| {
             table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
-                .insert("sandbox_image".into(), "gpuplex.test/pause:1".into());
+                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
             table_at_mut(config, &RUNTIMES_V2[..3]).remove("runtimes");
         },
     );
@@ -480,7 +555,7 @@ fn containerd_runs_gpuplex_pods_from_the_config_install_wrote() {
     let container = pod
         .create_container(&host_network_container(
             "worker",
-            "gpuplex.test/busybox:1",
+            BUSYBOX_IMAGE,
             &["sh", "-c", "sleep 1000"],
             &[],
         ))

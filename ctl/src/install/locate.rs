@@ -50,12 +50,35 @@ pub fn choose_containerd_config(mut found: Vec<PathBuf>) -> Result<PathBuf, Inst
     }
 }
 
-/// The config of the containerd running on this machine (processes named `containerd`).
+/// Whether a process whose `/proc/PID/status` is `status` and whose mount namespace is `mnt`
+/// (the `/proc/PID/ns/mnt` link) may say which file is containerd's config here: one running as
+/// root (every uid 0) in this command's mount namespace `own_mnt`, where its paths mean what
+/// they mean here. Anything else named `containerd` (a tenant's process in a container, a
+/// user's) is not asked: its `--config` could name any file for install to write.
+pub fn trusted_containerd(status: &str, mnt: &str, own_mnt: &str) -> bool {
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|uids| {
+            let uids: Vec<&str> = uids.split_whitespace().collect();
+            uids.len() == 4 && uids.iter().all(|u| *u == "0")
+        });
+    root && !mnt.is_empty() && mnt == own_mnt
+}
+
+/// The config of the containerd running on this machine (processes named `containerd`, as
+/// root, in this mount namespace: [`trusted_containerd`]).
 pub fn running_containerd_config() -> Result<PathBuf, InstallError> {
     let mut found = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return choose_containerd_config(found);
     };
+    let mount_namespace = |dir: &Path| {
+        std::fs::read_link(dir.join("ns/mnt"))
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let own_mnt = mount_namespace(Path::new("/proc/self"));
     for entry in procs.flatten() {
         let dir = entry.path();
         if entry
@@ -68,6 +91,10 @@ pub fn running_containerd_config() -> Result<PathBuf, InstallError> {
         }
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
         if comm.trim_end() != "containerd" {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        if !trusted_containerd(&status, &mount_namespace(&dir), &own_mnt) {
             continue;
         }
         let (Ok(cmdline), Ok(cwd)) = (
@@ -199,6 +226,32 @@ mod tests {
         );
         // A flag with no value left is no config.
         assert_eq!(containerd_config_of(&args(&["--config"]), cwd), default);
+    }
+
+    #[test]
+    fn only_roots_containerd_in_this_mount_namespace_is_asked() {
+        let status = |uids: &str| {
+            format!("Name:\tcontainerd\nUmask:\t0022\nUid:\t{uids}\nGid:\t0\t0\t0\t0\n")
+        };
+        let ours = "mnt:[4026531841]";
+        assert!(trusted_containerd(&status("0\t0\t0\t0"), ours, ours));
+        // A user's process, even one that became root only in part.
+        for uids in [
+            "65534\t65534\t65534\t65534",
+            "1000\t0\t0\t0",
+            "0\t0\t0\t1000",
+            "0\t0",
+        ] {
+            assert!(!trusted_containerd(&status(uids), ours, ours), "{uids}");
+        }
+        // A container's (another mount namespace: its paths are not ours), or one unknown.
+        assert!(!trusted_containerd(
+            &status("0\t0\t0\t0"),
+            "mnt:[4026532200]",
+            ours
+        ));
+        assert!(!trusted_containerd(&status("0\t0\t0\t0"), "", ""));
+        assert!(!trusted_containerd("", ours, ours));
     }
 
     #[test]
