@@ -20,8 +20,6 @@ use gpuplex_scheduler::request::ALLOCATION;
 use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
-const PAUSE_IMAGE: &str = "gpuplex.test/pause:1";
-const BUSYBOX_IMAGE: &str = "gpuplex.test/busybox:1";
 
 fn units(gpu: u32, ns: std::ops::Range<u32>) -> Vec<String> {
     ns.map(|n| format!("gpu-{gpu}-{n}")).collect()
@@ -87,28 +85,13 @@ fn two_pods_allocated_at_once_run_on_the_gpus_the_kubelet_gave_each() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (pause, busybox) = (dir.path().join("pause.tar"), dir.path().join("busybox.tar"));
-    busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
-    busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
     let service = NodeService::start(
         &dir.path().join("node"),
         2,
         242,
         "[kubernetes]\nplugin = \"device-plugin\"\n",
     );
-    let containerd = Containerd::start_with(
-        Setup {
-            gpuplex_config: Some(service.config.clone()),
-            cri: true,
-        },
-        |config| {
-            table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
-                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
-        },
-    );
-    for tarball in [&pause, &busybox] {
-        import(&containerd, tarball);
-    }
+    let containerd = cri_containerd(dir.path(), &service.config);
 
     // The plugin as gpuplex-dra runs it from the same gpuplex.toml.
     let config = NodeConfig::load(&service.config, true).unwrap();

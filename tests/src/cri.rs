@@ -28,13 +28,19 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::containerd::Containerd;
+use crate::containerd::{table_at_mut, Containerd, Setup, CRI_PLUGIN_V2};
 
 /// The CRI API crate, for tests that build what the kubelet sends.
 pub use k8s_cri;
 
 /// The containerd namespace the CRI plugin keeps its images, sandboxes and containers in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
+
+/// The image the fixtures' CRI plugin runs as its sandbox (`sandbox_image`), made of busybox.
+pub const PAUSE_IMAGE: &str = "gpuplex.test/pause:1";
+
+/// An image of busybox whose command is `sh`, for the pods' containers.
+pub const BUSYBOX_IMAGE: &str = "gpuplex.test/busybox:1";
 
 /// How long one CRI call may take before the test gives up on it.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -204,6 +210,42 @@ pub fn import(containerd: &Containerd, tarball: &Path) -> Duration {
         crate::text(&out)
     );
     took
+}
+
+/// A containerd with its CRI plugin, whose gpuplex shim reaches the node service of
+/// `gpuplex_config`, with [`PAUSE_IMAGE`] as its sandbox image and [`BUSYBOX_IMAGE`], both built
+/// under `dir` and imported (how long each took is printed).
+pub fn cri_containerd(dir: &Path, gpuplex_config: &Path) -> Containerd {
+    let (pause, busybox) = (dir.join("pause.tar"), dir.join("busybox.tar"));
+    busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
+    busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
+    let started = Instant::now();
+    let containerd = Containerd::start_with(
+        Setup {
+            gpuplex_config: Some(gpuplex_config.to_path_buf()),
+            cri: true,
+        },
+        |config| {
+            table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
+                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
+        },
+    );
+    eprintln!(
+        "containerd with the CRI plugin answered after {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    for tarball in [&pause, &busybox] {
+        let took = import(&containerd, tarball);
+        eprintln!(
+            "ctr -n k8s.io images import {}: {:.0} ms",
+            tarball
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default(),
+            took.as_secs_f64() * 1e3
+        );
+    }
+    containerd
 }
 
 /// A pod's sandbox config as the kubelet sends it for a pod with host network (no CNI needed;

@@ -14,10 +14,6 @@ use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
 
-/// The images the test builds and imports.
-const PAUSE_IMAGE: &str = "gpuplex.test/pause:1";
-const BUSYBOX_IMAGE: &str = "gpuplex.test/busybox:1";
-
 /// The binary containerd runs for the gpuplex runtime: the shims and the node service.
 const SHIM: &str = "containerd-shim-gpuplex-v1";
 
@@ -46,39 +42,13 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let pause = dir.path().join("pause.tar");
-    let busybox = dir.path().join("busybox.tar");
-    busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
-    busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
 
     // Dropped in reverse order: the pod (removed through the CRI), the client, containerd, the
     // node service (after the containers released their vGPUs), the directory.
     // The operator lets the pods of namespace `inference` ask for high priority, no other.
     let policy = "[policy]\nhigh_priority_namespaces = [\"inference\"]\n";
     let service = NodeService::start(&dir.path().join("node"), 2, 230, policy);
-    let started = Instant::now();
-    let containerd = Containerd::start_with(
-        Setup {
-            gpuplex_config: Some(service.config.clone()),
-            cri: true,
-        },
-        |config| {
-            table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
-                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
-        },
-    );
-    eprintln!(
-        "containerd with the CRI plugin answered after {:.0} ms",
-        started.elapsed().as_secs_f64() * 1e3
-    );
-    for tarball in [&pause, &busybox] {
-        let took = import(&containerd, tarball);
-        eprintln!(
-            "ctr -n k8s.io images import {}: {:.0} ms",
-            tarball.file_name().expect("a name").to_string_lossy(),
-            took.as_secs_f64() * 1e3
-        );
-    }
+    let containerd = cri_containerd(dir.path(), &service.config);
 
     let cri = Cri::connect(&containerd.socket);
     let version = cri.version().expect("Version");
