@@ -52,6 +52,7 @@ echo
 echo "Share of the GPU each container got over ${seconds}s (gpuplex's accounting):"
 ctl status -o json | python3 "$repo/tests/demo_shares.py"
 echo
-echo "With real GPUs: install gpuplex (make install), leave out [[fake_gpu]] and use activity = \"auto\""
-echo "(NVML) in /etc/gpuplex/gpuplex.toml, start the service (systemctl enable --now gpuplex), copy"
-echo "config/hooks.d/*.json into podman's hooks directory, and run containers with gpuplex.io/ annotations."
+echo "With real GPUs: make deb && apt install ./gpuplex_*.deb (the service starts with NVML's GPUs,"
+echo "podman's hooks are in place), then run containers with gpuplex.io/ annotations; for containerd,"
+echo "gpuplexctl install containerd and restart it. Without the package: make install, then"
+echo "gpuplexctl install podman and systemctl enable --now gpuplex."
