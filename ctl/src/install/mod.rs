@@ -370,10 +370,11 @@ fn read_text(path: &Path) -> Result<Option<String>, InstallError> {
     String::from_utf8(bytes).map(Some).map_err(|e| {
         let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
         let good = std::str::from_utf8(good).unwrap_or("");
+        let (line, column) = position(good, good.len());
         InstallError::NotText {
             path: path.display().to_string(),
-            line: good.matches('\n').count() + 1,
-            column: good.rsplit('\n').next().unwrap_or("").chars().count() + 1,
+            line,
+            column,
         }
     })
 }
