@@ -22,6 +22,7 @@
 mod cdi;
 mod enforce;
 mod exits;
+mod leftovers;
 mod recover;
 mod requests;
 mod socket;

@@ -17,6 +17,7 @@ use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
 use super::enforce::{Enforced, Member};
+use super::leftovers;
 use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
 use crate::state::{unix_ms, SavedAttachment, SavedVgpu};
@@ -34,13 +35,9 @@ impl Service {
             tracing::error!("state: {why}");
         }
         // Records written before the frozen list existed: their cgroups too.
-        for freezer in super::stop::saved_cgroups(&loaded.vgpus) {
-            let Ok(cgroup) = freezer.resolve(&self.hierarchies) else {
-                continue;
-            };
-            if let Err(e) = cgroup.thaw() {
-                tracing::warn!("cannot thaw {}: {e}", cgroup.path().display());
-            }
+        let records = leftovers::thaw(leftovers::saved_cgroups(&loaded.vgpus), &self.hierarchies);
+        for why in &records.failed {
+            tracing::warn!("{why}");
         }
         if thawed > 0 {
             tracing::info!("thawed {thawed} cgroup(s) the last run left on its frozen list");
@@ -83,16 +80,14 @@ impl Service {
                 return 0;
             }
         };
-        let mut thawed = 0;
-        for saved in listed {
-            match saved.resolve(&self.hierarchies).map(|c| c.thaw()) {
-                Ok(Ok(())) => thawed += 1,
-                Ok(Err(e)) if e.is_gone() => {}
-                Ok(Err(e)) => tracing::warn!("cannot thaw {}: {e}", saved.path.display()),
-                Err(why) => tracing::debug!("frozen list: {why}"),
-            }
+        let done = leftovers::thaw(&listed, &self.hierarchies);
+        for why in &done.failed {
+            tracing::warn!("{why}");
         }
-        thawed
+        for why in &done.unresolved {
+            tracing::debug!("frozen list: {why}");
+        }
+        done.thawed
     }
 
     /// Gives the recovered vGPUs and the GPUs the accounting they had at the last checkpoint.

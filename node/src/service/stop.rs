@@ -18,7 +18,8 @@ use std::time::Duration;
 use gpuplex_cgroup::Hierarchies;
 use nix::sys::signal::Signal;
 
-use crate::state::{NodeLock, SavedVgpu, StateDir};
+use super::leftovers;
+use crate::state::{NodeLock, StateDir};
 
 /// The watchdog's process name ([`super::watchdog`]) as `/proc/PID/comm` shows it: the kernel
 /// keeps 15 bytes of `gpuplex-watchdog`.
@@ -84,7 +85,7 @@ pub enum StopError {
         pids: String,
     },
     /// Some cgroups could not be thawed.
-    #[error("could not thaw {}: {}", .failed.len(), .failed.join("; "))]
+    #[error("{} cgroup(s) may stay frozen: {}", .failed.len(), .failed.join("; "))]
     Thaw {
         /// One line per cgroup.
         failed: Vec<String>,
@@ -129,7 +130,6 @@ pub fn stop(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
         path: lock_path.clone(),
     })?;
     let hierarchies = Hierarchies::of_this_machine().unwrap_or_default();
-    let mut failed = Vec::new();
     // What cannot be read is reported, not fatal: the records' cgroups are thawed anyway.
     let listed = match state.load_frozen() {
         Ok(list) => list.frozen,
@@ -140,32 +140,18 @@ pub fn stop(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
     };
     let loaded = state.load()?;
     stopped.unread.extend(loaded.unreadable);
-    let saved = saved_cgroups(&loaded.vgpus);
-    for cgroup in listed.iter().chain(saved) {
-        let Ok(cgroup) = cgroup.resolve(&hierarchies) else {
-            continue;
-        };
-        match cgroup.thaw() {
-            Ok(()) => stopped.checked += 1,
-            Err(e) if e.is_gone() => {}
-            Err(e) => failed.push(format!("{}: {e}", cgroup.path().display())),
-        }
-    }
-    if failed.is_empty() {
+    let done = leftovers::thaw(
+        listed.iter().chain(leftovers::saved_cgroups(&loaded.vgpus)),
+        &hierarchies,
+    );
+    stopped.checked = done.thawed;
+    if done.failed.is_empty() {
         Ok(stopped)
     } else {
-        Err(StopError::Thaw { failed })
+        Err(StopError::Thaw {
+            failed: done.failed,
+        })
     }
-}
-
-/// The freezer cgroups of the saved containers whose user has not paused them (a held container
-/// stays as its user left it).
-pub fn saved_cgroups(saved: &[SavedVgpu]) -> impl Iterator<Item = &crate::state::SavedFreezer> {
-    saved
-        .iter()
-        .filter(|s| !s.held)
-        .flat_map(|s| s.attachment.iter().chain(&s.shared))
-        .map(|a| &a.freezer)
 }
 
 /// The services among `holders`; the watchdogs when there is none (a watchdog alone, its

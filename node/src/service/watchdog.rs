@@ -116,19 +116,9 @@ fn thaw_left_frozen(state_dir: &Path) -> usize {
         }
     };
     let hierarchies = Hierarchies::of_this_machine().unwrap_or_default();
-    let mut thawed = 0;
-    for saved in frozen {
-        let Ok(cgroup) = saved.resolve(&hierarchies) else {
-            continue;
-        };
-        match cgroup.thaw() {
-            Ok(()) => thawed += 1,
-            Err(e) if e.is_gone() => {}
-            Err(e) => eprintln!(
-                "gpuplex watchdog: cannot thaw {}: {e}",
-                saved.path.display()
-            ),
-        }
+    let done = super::leftovers::thaw(&frozen, &hierarchies);
+    for why in &done.failed {
+        eprintln!("gpuplex watchdog: {why}");
     }
-    thawed
+    done.thawed
 }

@@ -3,8 +3,9 @@
 //! service (`serve`), its stop from outside (`stop`), and the service's watchdog (`watchdog`,
 //! which the service starts itself).
 //!
-//! Exit codes: 0 stopped by SIGTERM/SIGINT after thawing everything; 1 could not start (one line
-//! on stderr says why); 2 usage.
+//! Exit codes: 0 stopped by SIGTERM/SIGINT after thawing everything (`serve`), or stopped and
+//! thawed (`stop`); 1 could not start, or something may stay frozen (one line on stderr says
+//! why); 2 usage.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +29,8 @@ stop   Stops the node service of that configuration's state_dir however it was s
                   an absent default file means every default)
   GPUPLEX_LOG     log filter (default: info; e.g. debug, gpuplex_node=debug)
 
-Exit codes: 0 stopped by a signal, 1 could not start, 2 usage.";
+Exit codes: 0 stopped by a signal (serve), or stopped and thawed (stop); 1 could not start
+(serve), or something may stay frozen (stop); 2 usage.";
 
 /// How long `stop` gives the service to stop on SIGTERM by default: the unit's `TimeoutStopSec`.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
