@@ -51,14 +51,28 @@ fn one_containerd() -> std::sync::MutexGuard<'static, ()> {
     ONE_CONTAINERD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// How many processes named `containerd` run on this machine.
-fn running_containerds() -> usize {
+/// How many containerds `install containerd` may ask here: processes named `containerd` that
+/// `gpuplex_ctl::install::locate::trusted_containerd` accepts (a machine's own containerd; not
+/// one in a container, nor a user's).
+fn trusted_containerds() -> usize {
+    use gpuplex_ctl::install::locate::trusted_containerd;
+    let mnt = |dir: &Path| {
+        std::fs::read_link(dir.join("ns/mnt"))
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let own = mnt(Path::new("/proc/self"));
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_to_string(e.path().join("comm"))
-                .is_ok_and(|c| c.trim_end() == "containerd")
+            let dir = e.path();
+            std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim_end() == "containerd")
+                && trusted_containerd(
+                    &std::fs::read_to_string(dir.join("status")).unwrap_or_default(),
+                    &mnt(&dir),
+                    &own,
+                )
         })
         .count()
 }
@@ -344,7 +358,7 @@ fn install_containerd_edits_the_config_the_running_containerd_reads() {
     let config = containerd.dir.join("config.toml");
     let original = std::fs::read(&config).unwrap();
     let out = gpuplexctl(&["install", "containerd"]);
-    let running = running_containerds();
+    let running = trusted_containerds();
     if running > 1 {
         // Another containerd runs here (the machine's own): which config is meant is asked.
         eprintln!("NOTE: {running} containerds run here: only the refusal is checked");
@@ -421,7 +435,7 @@ fn install_containerd_asks_no_containerd_of_a_user_or_a_container() {
         })
     });
     assert!(named, "the impostors did not start");
-    let running = running_containerds();
+    let running = trusted_containerds();
     let out = gpuplexctl(&["install", "containerd", "--dry-run"]);
     let said = format!(
         "{}{}",
@@ -431,7 +445,7 @@ fn install_containerd_asks_no_containerd_of_a_user_or_a_container() {
     for path in [&user, &contained] {
         assert!(!said.contains(&path.display().to_string()), "{said}");
     }
-    if running == 2 {
+    if running == 0 {
         // Only the impostors: containerd's default file, as when none runs.
         assert!(out.status.success(), "{said}");
         let line = said.lines().last().unwrap_or("");
