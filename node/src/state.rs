@@ -458,6 +458,7 @@ impl StateDir {
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&path)
             .map_err(fail)?;
+        let mut said = false;
         loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 // Never unlocked by a drop: the lock goes when the last copy of the file closes,
@@ -466,6 +467,13 @@ impl StateDir {
                 Err((back, nix::errno::Errno::EWOULDBLOCK))
                     if std::time::Instant::now() < deadline =>
                 {
+                    if !said {
+                        tracing::info!(
+                            "{}: held by another process (a node service, or a watchdog thawing); waiting up to {wait:?}",
+                            path.display()
+                        );
+                        said = true;
+                    }
                     file = back;
                     std::thread::sleep(Duration::from_millis(20));
                 }

@@ -180,6 +180,41 @@ fn a_second_service_on_the_same_node_touches_no_cgroup() {
     assert_eq!(service.status()["containers"].as_array().unwrap().len(), 3);
 }
 
+/// A SIGTERM while a service starts (here: while it waits for a node another service owns; on
+/// a slow host, systemd's stop right after its start) is handled, never the default action
+/// that kills the process half-started.
+#[test]
+fn a_sigterm_while_the_service_starts_ends_it_in_order() {
+    if !can_run("a_sigterm_while_the_service_starts_ends_it_in_order") {
+        return;
+    }
+    let _serial = serial();
+    let service = NodeService::start(Setup::default());
+    let log = service.dir.path().join("second.log");
+    let mut second = Command::new(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
+        .args(["serve", "--config"])
+        .arg(&service.config)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // It is starting, and waits up to 5 s for the node lock the first service holds.
+    let starting = wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("held by another process"))
+    });
+    assert!(starting.is_some(), "{:?}", std::fs::read_to_string(&log));
+    signal(second.id(), Signal::SIGTERM);
+    let status = second.wait().unwrap();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        None,
+        "killed by the signal: {said}"
+    );
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("owns this node"), "{said}");
+}
+
 #[test]
 fn a_running_process_registered_by_pid_is_windowed_from_its_first_sample() {
     if !can_run("a_running_process_registered_by_pid_is_windowed_from_its_first_sample") {
@@ -331,6 +366,60 @@ fn stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen() {
         "{line}"
     );
     assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+}
+
+/// The unit's `ExecStopPost` (`stop --after-exit`) after `systemctl kill --signal=SIGKILL`:
+/// the service and its watchdog killed together, nobody signalled, everything thawed.
+#[test]
+fn stop_after_exit_thaws_what_a_kill_of_the_whole_unit_left_frozen() {
+    if !can_run("stop_after_exit_thaws_what_a_kill_of_the_whole_unit_left_frozen") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "unitkill");
+    let watchdog = service.watchdog_pid();
+    signal(watchdog, Signal::SIGSTOP);
+    service.kill9();
+    signal(watchdog, Signal::SIGKILL);
+    assert!(wait_until(Duration::from_secs(2), || !alive(watchdog)).is_some());
+    assert_eq!(cgroups.iter().filter(|c| c.is_frozen()).count(), 2);
+    let (ok, line) = stop(&service, &["--after-exit", "--timeout", "2s"]);
+    assert!(ok, "{line}");
+    assert!(
+        line.starts_with("no gpuplex node service was running on "),
+        "{line}"
+    );
+    assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+}
+
+/// `stop --after-exit` signals nobody: a service that still runs (one started by hand while
+/// systemd's could not take the lock) keeps running and keeps its windows.
+#[test]
+fn stop_after_exit_leaves_a_running_service_alone() {
+    if !can_run("stop_after_exit_leaves_a_running_service_alone") {
+        return;
+    }
+    let _serial = serial();
+    let service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "running");
+    let (pid, watchdog) = (service.pid(), service.watchdog_pid());
+    let (ok, line) = stop(&service, &["--after-exit", "--timeout", "300ms"]);
+    assert!(!ok, "{line}");
+    assert!(line.contains("a node service that still runs"), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(alive(pid) && alive(watchdog), "{line}");
+    assert_eq!(
+        cgroups.iter().filter(|c| c.is_frozen()).count(),
+        2,
+        "{line}"
+    );
 }
 
 fn alive(pid: u32) -> bool {

@@ -539,8 +539,12 @@ fn keep_descriptors() {
 /// Runs the node service in the foreground until SIGTERM or SIGINT: the whole of
 /// `containerd-shim-gpuplex-v1 serve`.
 pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
-    let mut service = Service::start(config)?;
+    // SIGTERM and SIGINT are caught before anything else: one that comes while the service
+    // starts (systemd's stop right after its start) waits in the channel and ends the service
+    // as any other does, once it can thaw, instead of killing it half-started.
     let (events, inbox) = mpsc::channel();
+    spawn_signal_thread(events.clone())?;
+    let mut service = Service::start(config)?;
     if let Some(watch) = &service.exit_watch {
         if let Err(e) = watch.spawn(events.clone()) {
             tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}");
@@ -569,7 +573,6 @@ pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
         })
         .map_err(|source| ServiceError::Metrics { address, source })?;
     }
-    spawn_signal_thread(events.clone())?;
     socket::spawn_accept_loop(socket, events);
     service.run(inbox);
     Ok(())

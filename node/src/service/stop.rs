@@ -84,6 +84,14 @@ pub enum StopError {
         /// Who holds it.
         pids: String,
     },
+    /// After an exit, the lock is held by a service that still runs (`after_exit`).
+    #[error("{path}: held by pid {pids}, a node service that still runs; it thaws what it froze, nothing was done")]
+    Running {
+        /// The lock.
+        path: PathBuf,
+        /// Who holds it.
+        pids: String,
+    },
     /// Some cgroups could not be thawed.
     #[error("{} cgroup(s) may stay frozen: {}", .failed.len(), .failed.join("; "))]
     Thaw {
@@ -125,10 +133,38 @@ pub fn stop(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
         stopped.killed.extend(killed);
         lock = state.lock(AFTER_KILL);
     }
-    let _lock: NodeLock = lock.map_err(|_| StopError::StillHeld {
+    let lock: NodeLock = lock.map_err(|_| StopError::StillHeld {
         pids: pids(&services_first(&lock_holders(&lock_path))),
         path: lock_path.clone(),
     })?;
+    thaw_under(&state, lock, stopped)
+}
+
+/// After the node service has exited, however it went (systemd's `ExecStopPost`, which also
+/// runs when `systemctl kill` killed the service and its watchdog together): signals nobody,
+/// waits up to `timeout` for whoever still holds the node lock (a watchdog thawing) to let it
+/// go, then thaws whatever is left, as [`stop`] does. A service that still holds the lock after
+/// `timeout` (one started by hand while systemd's failed to) is left alone: `StillHeld`.
+pub fn after_exit(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
+    if !state_dir.is_dir() {
+        return Ok(Stopped::default());
+    }
+    let state = StateDir::open(state_dir)?;
+    let lock_path = state.lock_path();
+    let lock = state.lock(timeout).map_err(|_| StopError::Running {
+        pids: pids(&services_first(&lock_holders(&lock_path))),
+        path: lock_path.clone(),
+    })?;
+    thaw_under(&state, lock, Stopped::default())
+}
+
+/// With the node lock held, so that no service starts meanwhile: every cgroup of the frozen
+/// list and every saved container not held by its user thawed.
+fn thaw_under(
+    state: &StateDir,
+    _lock: NodeLock,
+    mut stopped: Stopped,
+) -> Result<Stopped, StopError> {
     let hierarchies = Hierarchies::of_this_machine().unwrap_or_default();
     // What cannot be read is reported, not fatal: the records' cgroups are thawed anyway.
     let listed = match state.load_frozen() {

@@ -16,7 +16,7 @@ use gpuplex_scheduler::time::parse_duration;
 
 const USAGE: &str = "\
 usage: containerd-shim-gpuplex-v1 serve [--config PATH]
-       containerd-shim-gpuplex-v1 stop [--config PATH] [--timeout DURATION]
+       containerd-shim-gpuplex-v1 stop [--config PATH] [--timeout DURATION] [--after-exit]
 
 serve  Runs the gpuplex node service in the foreground: it finds this machine's GPUs, serves
        the node socket, samples activity and freezes and thaws containers in their execution
@@ -24,6 +24,9 @@ serve  Runs the gpuplex node service in the foreground: it finds this machine's 
 stop   Stops the node service of that configuration's state_dir however it was started
        (SIGTERM; SIGKILL after --timeout, default 15s), then thaws whatever it may have
        left frozen, and says so in one line. The Debian package runs it when removed.
+       --after-exit: signals nobody; waits up to --timeout for the node lock (a watchdog
+       thawing), then thaws what is left: the unit's ExecStopPost, so that a `systemctl kill`
+       of the service and its watchdog together leaves nothing frozen.
 
   --config PATH   the configuration (default: $GPUPLEX_CONFIG, else /etc/gpuplex/gpuplex.toml;
                   an absent default file means every default)
@@ -135,12 +138,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `stop [--config PATH] [--timeout DURATION]`: the service of the configuration's
-/// `state_dir` stopped, what it left frozen thawed.
+/// `stop [--config PATH] [--timeout DURATION] [--after-exit]`: the service of the
+/// configuration's `state_dir` stopped (or, after its exit, waited for), what it left frozen
+/// thawed.
 fn stop(parser: &mut lexopt::Parser) -> ExitCode {
     use lexopt::prelude::*;
     let mut flag = None;
     let mut timeout = STOP_TIMEOUT;
+    let mut after_exit = false;
     let usage = |why: String| {
         eprintln!("containerd-shim-gpuplex-v1 stop: {why}; try --help");
         ExitCode::from(2)
@@ -161,6 +166,7 @@ fn stop(parser: &mut lexopt::Parser) -> ExitCode {
                     }
                 }
             }
+            Ok(Some(Long("after-exit"))) => after_exit = true,
             Ok(Some(other)) => return usage(other.unexpected().to_string()),
             Err(e) => return usage(e.to_string()),
         }
@@ -169,7 +175,12 @@ fn stop(parser: &mut lexopt::Parser) -> ExitCode {
         return ExitCode::from(1);
     };
     let state_dir = &config.service.state_dir;
-    match gpuplex_node::service::stop::stop(state_dir, timeout) {
+    let stopped = if after_exit {
+        gpuplex_node::service::stop::after_exit(state_dir, timeout)
+    } else {
+        gpuplex_node::service::stop::stop(state_dir, timeout)
+    };
+    match stopped {
         Ok(stopped) => {
             for why in &stopped.unread {
                 eprintln!("containerd-shim-gpuplex-v1 stop: {why}");
