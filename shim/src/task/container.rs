@@ -105,6 +105,7 @@ impl Container {
     ) -> Result<Container, TaskError> {
         let bundle = PathBuf::from(&req.bundle);
         let rootfs = bundle.join("rootfs");
+        let options = options.for_cgroups_path(cgroups_path(&bundle).as_deref());
         let mut container = Container {
             id: req.id.clone(),
             runc: runtime_for(&options, namespace, &bundle)?,
@@ -451,6 +452,13 @@ impl Container {
             _ => (137, SystemTime::now()),
         }
     }
+}
+
+/// The `linux.cgroupsPath` of the bundle's config.json, if it names one.
+fn cgroups_path(bundle: &Path) -> Option<String> {
+    let config = std::fs::read(bundle.join("config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
+    config["linux"]["cgroupsPath"].as_str().map(str::to_owned)
 }
 
 /// The `CUDA_VISIBLE_DEVICES` entry of the bundle's (edited) config.json.

@@ -61,6 +61,21 @@ pub enum OptionsError {
     },
 }
 
+/// Whether `path` is a cgroups path in the form of runc's systemd driver, `slice:prefix:name`:
+/// three fields, none with a `/`, the first a systemd slice (or empty: `system.slice`), the last
+/// not empty.
+pub fn is_systemd_cgroups_path(path: &str) -> bool {
+    let fields: Vec<&str> = path.split(':').collect();
+    match fields.as_slice() {
+        [slice, _prefix, name] => {
+            !fields.iter().any(|f| f.contains('/'))
+                && (slice.is_empty() || (slice.ends_with(".slice") && slice.len() > 6))
+                && !name.is_empty()
+        }
+        _ => false,
+    }
+}
+
 const RUNC_V1: &str = "containerd.runc.v1.Options";
 const LEGACY_CREATE: &str = "containerd.linux.runc.CreateOptions";
 const LEGACY_RUNC: &str = "containerd.linux.runc.RuncOptions";
@@ -72,6 +87,20 @@ fn message_name(type_url: &str) -> &str {
 }
 
 impl RuntimeOptions {
+    /// These options for a container whose spec's `linux.cgroupsPath` is `cgroups_path`: runc's
+    /// systemd driver where the path is in its form (`slice:prefix:name`) although the options
+    /// do not say so. containerd's CRI writes that form whenever the kubelet's cgroup parent is a
+    /// systemd slice (the kubelet's systemd cgroup driver, kubeadm's default), but for a runtime
+    /// whose type is not runc's it passes no `SystemdCgroup`, only CRI's generic options; runc's
+    /// cgroupfs driver would make a cgroup of that name in the shim's own, outside the pod's
+    /// slice and systemd's view.
+    pub fn for_cgroups_path(mut self, cgroups_path: Option<&str>) -> RuntimeOptions {
+        if !self.systemd_cgroup && cgroups_path.is_some_and(is_systemd_cgroups_path) {
+            self.systemd_cgroup = true;
+        }
+        self
+    }
+
     /// Decodes `any`; an empty `Any` (no type) is the defaults.
     pub fn decode(any: &Any) -> Result<RuntimeOptions, OptionsError> {
         let kind = message_name(&any.type_url);

@@ -166,3 +166,59 @@ fn refusals_name_what_is_wrong() {
     let e = RuntimeOptions::decode(&any("runtimeoptions.v1.Options", bytes)).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/o.toml"), "{e}");
 }
+
+#[test]
+fn a_cgroups_path_in_the_systemd_form_is_told_from_a_cgroupfs_one() {
+    for systemd in [
+        "kubepods-besteffort-pod0a1b.slice:cri-containerd:4f3e",
+        "system.slice:gpuplex:c1",
+        ":cri-containerd:c1",
+        "kubepods.slice::c1",
+    ] {
+        assert!(is_systemd_cgroups_path(systemd), "{systemd}");
+    }
+    for cgroupfs in [
+        "/default/c1",
+        "/kubepods/besteffort/pod0a1b/4f3e",
+        "kubepods/c1",
+        "a:b:c",
+        ".slice:p:c",
+        "kubepods.slice:cri-containerd:",
+        "kubepods.slice:cri/containerd:c1",
+        "/kubepods.slice:cri-containerd:c1",
+        "kubepods.slice:cri-containerd:c1:extra",
+        "",
+    ] {
+        assert!(!is_systemd_cgroups_path(cgroupfs), "{cgroupfs}");
+    }
+}
+
+#[test]
+fn the_systemd_driver_follows_a_systemd_cgroups_path_and_never_turns_off() {
+    let slice = Some("kubepods-besteffort-pod0a1b.slice:cri-containerd:4f3e");
+    assert!(
+        RuntimeOptions::default()
+            .for_cgroups_path(slice)
+            .systemd_cgroup
+    );
+    assert!(
+        !RuntimeOptions::default()
+            .for_cgroups_path(Some("/default/c1"))
+            .systemd_cgroup
+    );
+    assert!(
+        !RuntimeOptions::default()
+            .for_cgroups_path(None)
+            .systemd_cgroup
+    );
+    let told = RuntimeOptions {
+        systemd_cgroup: true,
+        ..RuntimeOptions::default()
+    };
+    assert!(
+        told.clone()
+            .for_cgroups_path(Some("/default/c1"))
+            .systemd_cgroup
+    );
+    assert!(told.for_cgroups_path(None).systemd_cgroup);
+}
