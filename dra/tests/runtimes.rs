@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 
 use gpuplex_dra::claim::ClaimRef;
 use gpuplex_dra::driver::{Claims, Driver, DriverConfig};
-use gpuplex_integration::containerd::{can_run_containerd, Containerd, Setup};
-use gpuplex_integration::{bin, can_run, freezer_state, text, wait_until, NodeService, Podman};
+use gpuplex_integration::containerd::{can_run_containerd, containerd_has_cdi, Containerd, Setup};
+use gpuplex_integration::cri::k8s_cri::v1::CdiDevice;
+use gpuplex_integration::cri::{
+    cri_containerd_with, host_network_container, host_network_pod, Cri, BUSYBOX_IMAGE,
+};
+use gpuplex_integration::{bin, can_run, text, wait_until, FreezerProbe, NodeService, Podman};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{json, Value};
 
@@ -142,11 +146,19 @@ fn name_of(path: &Path) -> String {
 /// how many samples, and in how many each was frozen, and in how many the first two differed.
 fn freezes(pids: &[u32], span: Duration) -> (u32, Vec<u32>, u32) {
     let (mut samples, mut frozen, mut apart) = (0, vec![0; pids.len()], 0);
+    // Found once: a sample then reads only the cgroups' files, so that what it compares is the
+    // service's freezes, not the time the sampler took between them. A cgroup asked to freeze
+    // counts as frozen (`FREEZING` too): the service's order, not how long the kernel takes to
+    // stop each cgroup's tasks (longer on a slow or emulated machine).
+    let probes: Vec<FreezerProbe> = pids
+        .iter()
+        .map(|&p| FreezerProbe::of_pid(p).expect("a container's freezer"))
+        .collect();
     let end = Instant::now() + span;
     while Instant::now() < end {
-        let states: Vec<bool> = pids
+        let states: Vec<bool> = probes
             .iter()
-            .map(|&p| freezer_state(p).as_deref() == Some("FROZEN"))
+            .map(|p| p.state().is_some_and(|s| s != "THAWED"))
             .collect();
         samples += 1;
         for (count, &s) in frozen.iter_mut().zip(&states) {
@@ -391,6 +403,85 @@ fn the_gpuplex_shim_attaches_a_claims_containers_instead_of_reserving() {
         .is_none()));
     let status = node.service.status();
     assert_eq!(status["reservations"][0]["vgpu"], app["vgpu"], "{status}");
+    node.unprepare_all();
+    assert!(wait_until(Duration::from_secs(5), || node.service.held() == (0, 0)));
+}
+
+/// containerd 1.7 and later apply a pod's CDI devices themselves (`enable_cdi`): the claim's
+/// device named in the container's CRI config (`CDI_devices`, as the kubelet names a prepared
+/// claim's devices) gives the container its vGPU through containerd's own injection, with no
+/// spec edit of the test's; the shim attaches it to the claim's vGPU instead of reserving.
+#[test]
+fn containerd_applies_a_claims_cdi_device_named_through_the_cri_and_the_shim_attaches_it() {
+    let test =
+        "containerd_applies_a_claims_cdi_device_named_through_the_cri_and_the_shim_attaches_it";
+    if !can_run_containerd(test) || !containerd_has_cdi(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cdi_dir = dir.path().join("cdi");
+    let mut node = Node::start(dir.path(), 127, &cdi_dir);
+    let device = node.prepare("pod-cri", 1, 4);
+    let containerd = cri_containerd_with(dir.path(), &node.service.config, |cri| {
+        cri.insert("enable_cdi".into(), true.into());
+        cri.insert(
+            "cdi_spec_dirs".into(),
+            vec![cdi_dir.display().to_string()].into(),
+        );
+    });
+    let cri = Cri::connect(&containerd.socket);
+    let mut pod = cri
+        .run_pod_sandbox(&host_network_pod("pod-cri", "ml", &[]), "gpuplex")
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", containerd.log_tail()));
+    let mut config = host_network_container("app", BUSYBOX_IMAGE, &["sh", "-c", BUSY], &[]);
+    config.cdi_devices = vec![CdiDevice {
+        name: device.clone(),
+    }];
+    let id = pod
+        .create_container(&config)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", containerd.log_tail()));
+    cri.start_container(&id)
+        .unwrap_or_else(|e| panic!("StartContainer: {e}\n{}", containerd.log_tail()));
+
+    // Attached to the claim's vGPU, on the claim's GPU; nothing reserved besides the claim.
+    let attached = wait_until(Duration::from_secs(5), || node.container(&id).is_some());
+    assert!(attached, "not attached: {}", node.service.status());
+    assert_eq!(node.container(&id).unwrap()["gpus"], json!([1]));
+    let status = node.service.status();
+    assert_eq!(status["reservations"], json!([]), "{status}");
+    assert_eq!(
+        status["gpus"][1]["unreserved"],
+        json!(12u64 << 30),
+        "{status}"
+    );
+    let seen = cri
+        .exec_sync(&id, &["sh", "-c", SHOW], Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("ExecSync: {e}"));
+    let printed = String::from_utf8_lossy(&seen.stdout);
+    assert!(
+        printed.contains(&name_of(&node.service.devices[1])),
+        "{printed}"
+    );
+    assert!(
+        !printed.contains(&name_of(&node.service.devices[0])),
+        "{printed}"
+    );
+    assert!(printed.contains("CUDA=GPU-fake-1"), "{printed}");
+    // containerd applied the device (its node is in runc's spec), and the shim took the
+    // attach step out.
+    let info = cri.container_info(&id).expect("ContainerStatus");
+    let spec = &info["runtimeSpec"];
+    let devices = spec["linux"]["devices"].to_string();
+    assert!(
+        devices.contains(&name_of(&node.service.devices[1])),
+        "{spec}"
+    );
+    assert!(
+        !spec["hooks"].to_string().contains(" attach "),
+        "{}",
+        spec["hooks"]
+    );
+    pod.remove().expect("the pod removed");
     node.unprepare_all();
     assert!(wait_until(Duration::from_secs(5), || node.service.held() == (0, 0)));
 }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use gpuplex_cgroup::FreezerVersion::V1;
+use gpuplex_cgroup::FreezerVersion::{self, V1};
 use serde_json::{json, Value};
 use support::*;
 
@@ -103,7 +103,7 @@ fn a_cgroup_that_holds_the_service_or_its_watchdog_is_never_a_containers() {
         refused(&reply, "holds the gpuplex node service or its watchdog");
     }
     // A hierarchy's root is no container's either.
-    let root = hierarchies().freezer.unwrap();
+    let root = freezer_root(slice.version);
     let reply = service.ask(&json!({"op": "register", "container": "x", "cgroup": root, "annotations": {"gpuplex.io/gpus": "1"}}));
     refused(&reply, "not the mount itself");
     // The service still answers, holds nothing, and nothing of it was frozen.
@@ -113,8 +113,12 @@ fn a_cgroup_that_holds_the_service_or_its_watchdog_is_never_a_containers() {
     watchdogs.release(watchdog);
 }
 
-/// A record as the service saves it, attached to `freezer` (a v1 path) by cgroup.
-fn record(vgpu: &str, freezer: &str) -> Value {
+/// A record as the service saves it, attached to `freezer` (a path of `version`) by cgroup.
+fn record(vgpu: &str, freezer: &str, version: FreezerVersion) -> Value {
+    let version = match version {
+        FreezerVersion::V1 => "v1",
+        FreezerVersion::V2 => "v2",
+    };
     json!({
         "format": 1,
         "vgpu": vgpu,
@@ -126,7 +130,7 @@ fn record(vgpu: &str, freezer: &str) -> Value {
             "container": format!("planted-{vgpu}"),
             "pid": null,
             "cgroup": freezer,
-            "freezer": {"version": "v1", "path": freezer}
+            "freezer": {"version": version, "path": freezer}
         }
     })
 }
@@ -138,9 +142,9 @@ fn a_state_file_naming_a_cgroup_the_service_may_not_freeze_is_dropped_at_recover
     }
     let mut service = NodeService::start(Setup::default());
     assert!(service.terminate().success());
-    let root = hierarchies().freezer.unwrap();
     let mut busy = TestCgroup::new(V1, "planted");
     busy.spawn_busy();
+    let root = freezer_root(busy.version);
     let climbing = format!("{}/../../../../etc", busy.path.display());
     let planted = [
         ("vgpu-5", root.display().to_string()),
@@ -150,11 +154,11 @@ fn a_state_file_naming_a_cgroup_the_service_may_not_freeze_is_dropped_at_recover
     let mut files = Vec::new();
     for (vgpu, freezer) in &planted {
         let file = under(&service, &format!("state/{vgpu}.json"));
-        std::fs::write(&file, record(vgpu, freezer).to_string()).unwrap();
+        std::fs::write(&file, record(vgpu, freezer, busy.version).to_string()).unwrap();
         files.push(file);
     }
     // The same cgroup a second time, under another vGPU: only one of them is recovered.
-    let mut twice = record("vgpu-8", &busy.path.display().to_string());
+    let mut twice = record("vgpu-8", &busy.path.display().to_string(), busy.version);
     twice["handle"] = json!("ffeeddccbbaa99887766554433221100");
     twice["attachment"]["container"] = json!("planted-again");
     std::fs::write(under(&service, "state/vgpu-8.json"), twice.to_string()).unwrap();

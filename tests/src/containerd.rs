@@ -52,6 +52,34 @@ pub fn can_run_containerd(test: &str) -> bool {
     true
 }
 
+/// containerd's version as `containerd --version` says it (major, minor), if it says one.
+pub fn containerd_version() -> Option<(u32, u32)> {
+    let out = Command::new("containerd").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `containerd github.com/containerd/containerd 1.7.24~ds1 <commit>` and the like.
+    text.split_whitespace().find_map(|word| {
+        let mut parts = word.trim_start_matches('v').split('.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        parts.next()?;
+        Some((major, minor))
+    })
+}
+
+/// Whether this machine's containerd applies CDI devices itself (1.7 and later, `enable_cdi`);
+/// if not, says so loudly: `make test-hosts` runs such tests on Debian 13's containerd 1.7.
+pub fn containerd_has_cdi(test: &str) -> bool {
+    match containerd_version() {
+        Some(version) if version >= (1, 7) => true,
+        other => {
+            eprintln!(
+                "SKIPPED: {test} needs containerd 1.7 or later (CDI in its CRI plugin); this machine has {other:?}; make test-hosts runs it on Debian 13's containerd"
+            );
+            false
+        }
+    }
+}
+
 /// How to set a [`Containerd`] up.
 #[derive(Clone, Debug, Default)]
 pub struct Setup {

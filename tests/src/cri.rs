@@ -216,6 +216,16 @@ pub fn import(containerd: &Containerd, tarball: &Path) -> Duration {
 /// `gpuplex_config`, with [`PAUSE_IMAGE`] as its sandbox image and [`BUSYBOX_IMAGE`], both built
 /// under `dir` and imported (how long each took is printed).
 pub fn cri_containerd(dir: &Path, gpuplex_config: &Path) -> Containerd {
+    cri_containerd_with(dir, gpuplex_config, |_| {})
+}
+
+/// [`cri_containerd`], with `edit` given the CRI plugin's table of the config to change
+/// (`enable_cdi`, say) before containerd starts.
+pub fn cri_containerd_with(
+    dir: &Path,
+    gpuplex_config: &Path,
+    edit: impl FnOnce(&mut toml::Table),
+) -> Containerd {
     let (pause, busybox) = (dir.join("pause.tar"), dir.join("busybox.tar"));
     busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
     busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
@@ -226,8 +236,9 @@ pub fn cri_containerd(dir: &Path, gpuplex_config: &Path) -> Containerd {
             cri: true,
         },
         |config| {
-            table_at_mut(config, &["plugins", CRI_PLUGIN_V2])
-                .insert("sandbox_image".into(), PAUSE_IMAGE.into());
+            let cri = table_at_mut(config, &["plugins", CRI_PLUGIN_V2]);
+            cri.insert("sandbox_image".into(), PAUSE_IMAGE.into());
+            edit(cri);
         },
     );
     eprintln!(

@@ -265,14 +265,54 @@ impl Drop for NodeService {
     }
 }
 
-/// The v1 freezer state of the cgroup of `pid` (`THAWED`, `FROZEN`, `FREEZING`), if it has one.
+/// The freezer state of the cgroup of `pid` in v1's words (`THAWED`, `FROZEN`, `FREEZING`), if
+/// it has one: see [`FreezerProbe`].
 pub fn freezer_state(pid: u32) -> Option<String> {
-    let cgroup = gpuplex_cgroup::ProcCgroup::of_pid(pid).ok()?;
-    let mounts = gpuplex_cgroup::CgroupMounts::of_this_process().ok()?;
-    let dir = mounts.v1_dir("freezer", cgroup.freezer()?)?;
-    std::fs::read_to_string(dir.join("freezer.state"))
-        .ok()
-        .map(|s| s.trim().to_owned())
+    FreezerProbe::of_pid(pid)?.state()
+}
+
+/// Where the freezer state of a process's cgroup is read, found once so that samples of several
+/// cgroups read only their files, close together in time: its v1 freezer's `freezer.state`, else
+/// (a pure cgroup v2 host) its cgroup2 cgroup's `cgroup.events` and `cgroup.freeze`.
+pub enum FreezerProbe {
+    /// The v1 freezer cgroup's directory.
+    V1(PathBuf),
+    /// The cgroup2 cgroup's directory.
+    V2(PathBuf),
+}
+
+impl FreezerProbe {
+    /// The probe of `pid`'s cgroup, if it has a freezer.
+    pub fn of_pid(pid: u32) -> Option<FreezerProbe> {
+        let cgroup = gpuplex_cgroup::ProcCgroup::of_pid(pid).ok()?;
+        let mounts = gpuplex_cgroup::CgroupMounts::of_this_process().ok()?;
+        if let Some(dir) = cgroup.freezer().and_then(|c| mounts.v1_dir("freezer", c)) {
+            return Some(FreezerProbe::V1(dir));
+        }
+        mounts
+            .unified_dir(cgroup.unified.as_deref()?)
+            .map(FreezerProbe::V2)
+    }
+
+    /// The state in v1's words: on v2, `frozen 1` is `FROZEN`, asked but not yet frozen is
+    /// `FREEZING`.
+    pub fn state(&self) -> Option<String> {
+        match self {
+            FreezerProbe::V1(dir) => std::fs::read_to_string(dir.join("freezer.state"))
+                .ok()
+                .map(|s| s.trim().to_owned()),
+            FreezerProbe::V2(dir) => {
+                let events = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
+                let asked = std::fs::read_to_string(dir.join("cgroup.freeze")).ok()?;
+                let state = match (events.lines().any(|l| l == "frozen 1"), asked.trim() == "1") {
+                    (true, _) => "FROZEN",
+                    (false, true) => "FREEZING",
+                    (false, false) => "THAWED",
+                };
+                Some(state.to_owned())
+            }
+        }
+    }
 }
 
 /// podman with its storage in a directory of its own and gpuplex's hooks.d files pointing at

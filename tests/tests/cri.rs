@@ -191,7 +191,12 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
         },
     )
     .unwrap_or_else(|e| panic!("UpdateContainerResources: {e}"));
-    let limit = exec(&["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]);
+    // cgroup v1's file, or on a pure cgroup v2 host (make test-hosts) v2's.
+    let limit = exec(&[
+        "sh",
+        "-c",
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max",
+    ]);
     assert_eq!(limit.trim(), (96u64 << 20).to_string());
 
     // One shim serves the pod: the daemon started for the sandbox, the parent of the sandbox's
@@ -301,4 +306,83 @@ fn a_pod_run_through_the_cri_gets_its_vgpu_and_removing_the_pod_releases_it() {
         eprintln!("  {call:<18} {:>8.1} ms", took.as_secs_f64() * 1e3);
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// The kubelet's systemd cgroup driver (kubeadm's default): the pod's cgroup parent is a slice,
+/// containerd's CRI writes the containers' cgroups paths in runc's systemd form
+/// (`kubepods-besteffort-pod<uid>.slice:cri-containerd:<id>`) and, for a runtime that is not
+/// runc's, passes no `SystemdCgroup`. The shim runs runc with its systemd driver then: each
+/// container is a scope in the pod's slice under `kubepods.slice`, and two of them on one GPU
+/// take turns there. Needs systemd as PID 1 on pure cgroup v2 (make test-hosts).
+#[test]
+fn a_pod_in_a_kubepods_slice_runs_in_systemd_scopes_there_and_takes_windows() {
+    let test = "a_pod_in_a_kubepods_slice_runs_in_systemd_scopes_there_and_takes_windows";
+    if !can_run_containerd(test) {
+        return;
+    }
+    let systemd_v2 = std::path::Path::new("/run/systemd/system").is_dir()
+        && std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    if !systemd_v2 {
+        eprintln!("SKIPPED: {test} needs systemd as PID 1 on pure cgroup v2; make test-hosts runs it on Debian 13");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let service = NodeService::start(&dir.path().join("node"), 1, 232, "");
+    let containerd = cri_containerd(dir.path(), &service.config);
+    let cri = Cri::connect(&containerd.socket);
+    let mut pod_config = host_network_pod("slice", "ml", &[]);
+    let slice = format!("kubepods-besteffort-pod{}.slice", std::process::id());
+    pod_config.linux.as_mut().expect("linux").cgroup_parent = slice.clone();
+    let mut pod = cri
+        .run_pod_sandbox(&pod_config, "gpuplex")
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", containerd.log_tail()));
+    let mut pids = Vec::new();
+    for name in ["one", "two"] {
+        let id = pod
+            .create_container(&host_network_container(
+                name,
+                BUSYBOX_IMAGE,
+                &["sh", "-c", "while :; do :; done"],
+                &[("gpuplex.io/gpu-memory", "1Gi")],
+            ))
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", containerd.log_tail()));
+        cri.start_container(&id)
+            .unwrap_or_else(|e| panic!("StartContainer: {e}\n{}", containerd.log_tail()));
+        let info = cri.container_info(&id).expect("ContainerStatus");
+        let spec_path = info["runtimeSpec"]["linux"]["cgroupsPath"].clone();
+        assert_eq!(
+            spec_path,
+            json!(format!("{slice}:cri-containerd:{id}")),
+            "containerd's CRI did not write the systemd form"
+        );
+        let pid = info["pid"].as_u64().expect("its pid") as u32;
+        let cgroup = gpuplex_cgroup::ProcCgroup::of_pid(pid).expect("its cgroups");
+        let want =
+            format!("/kubepods.slice/kubepods-besteffort.slice/{slice}/cri-containerd-{id}.scope");
+        assert_eq!(
+            cgroup.unified.as_deref(),
+            Some(want.as_str()),
+            "{name} is not in its systemd scope"
+        );
+        pids.push(pid);
+    }
+    // Both are windowed: each is seen frozen while the other runs.
+    let mut seen_frozen = [false, false];
+    let took_turns = wait_until(Duration::from_secs(20), || {
+        for (seen, pid) in seen_frozen.iter_mut().zip(&pids) {
+            *seen |= freezer_state(*pid).as_deref() == Some("FROZEN");
+        }
+        seen_frozen == [true, true]
+    });
+    assert!(
+        took_turns,
+        "frozen seen {seen_frozen:?}: {}",
+        service.status()
+    );
+    pod.remove().expect("the pod removed");
+    assert!(
+        wait_until(Duration::from_secs(10), || service.held() == (0, 0)),
+        "{}",
+        service.status()
+    );
 }

@@ -35,6 +35,16 @@ pub fn hierarchies() -> Hierarchies {
     Hierarchies::of_this_machine().expect("cgroup hierarchies")
 }
 
+/// The root of the hierarchy whose freezer is `version` (the mount itself).
+pub fn freezer_root(version: FreezerVersion) -> PathBuf {
+    let h = hierarchies();
+    match version {
+        FreezerVersion::V1 => h.freezer,
+        FreezerVersion::V2 => h.unified,
+    }
+    .expect("the hierarchy of a cgroup this test made")
+}
+
 /// A node service under test.
 pub struct NodeService {
     pub dir: tempfile::TempDir,
@@ -273,12 +283,17 @@ pub struct TestCgroup {
 }
 
 impl TestCgroup {
-    /// Makes a cgroup named after the test under the v1 freezer or the cgroup2 mount.
+    /// Makes a cgroup named after the test under the v1 freezer or the cgroup2 mount; on a
+    /// machine with only one of them (a pure cgroup v2 host: `make test-hosts`), under that one,
+    /// whatever `version` asks.
     pub fn new(version: FreezerVersion, name: &str) -> TestCgroup {
         let h = hierarchies();
-        let root = match version {
-            FreezerVersion::V1 => h.freezer.expect("a v1 freezer hierarchy"),
-            FreezerVersion::V2 => h.unified.expect("a cgroup2 hierarchy"),
+        let (root, version) = match (version, h.freezer, h.unified) {
+            (FreezerVersion::V1, Some(v1), _) | (FreezerVersion::V2, Some(v1), None) => {
+                (v1, FreezerVersion::V1)
+            }
+            (_, _, Some(v2)) => (v2, FreezerVersion::V2),
+            (_, None, None) => panic!("this machine has neither a v1 freezer nor a cgroup2 mount"),
         };
         let path = root.join(format!("gpuplex-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir(&path);
