@@ -3,7 +3,12 @@
 #   make demo   (root) three podman containers (weights 1, 2, 3) time-share one fake GPU under
 #               the node service; their windows live (gpuplexctl top), then their shares
 #               (without root: the simulator's version of the same)
-#   make test   what CI runs: format check, clippy with warnings as errors, every test
+#   make test   what CI runs: format check, clippy with warnings as errors, every test, and
+#               the host suite (make test-hosts)
+#   make test-hosts  (root) the host suite: a Debian 13 VM (systemd, cgroup v2, containerd 1.7,
+#               podman 5) built with debootstrap (cached under target/hosts), booted with qemu,
+#               the package installed in it and tests/hosts/checks run inside; HOSTS_CHECKS=REGEX
+#               runs some of them
 #   make bench  criterion benchmarks of the scheduler core, and the node service's switch latency,
 #               registration round trip and CPU use with real cgroups (root) (docs/benchmarks.md)
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
@@ -22,7 +27,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-deps cargo-deb fmt-check clippy bench bench-deps properties fuzz install deb image image-deps
+.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps properties fuzz install deb image image-deps
 
 all: build
 
@@ -65,6 +70,15 @@ test-deps:
 test: test-deps cargo-deb fmt-check clippy
 	$(CARGO) build --workspace --bins --locked
 	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-hosts; else \
+		echo "SKIPPED: make test-hosts needs root (debootstrap, qemu); CI runs it as root"; fi
+
+# The host suite (tests/hosts/README.md): the hosts users run, in a VM this machine boots.
+test-hosts: hosts-deps cargo-deb
+	bash tests/hosts/run.sh
+
+hosts-deps:
+	@bash tests/hosts/deps.sh
 
 # cargo-deb, at the version the package was written for: `make deb` builds with it, and
 # tests/tests/package.rs builds a package of the debug binaries with it and installs that.
