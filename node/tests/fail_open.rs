@@ -342,30 +342,36 @@ fn stop_kills_a_service_that_does_not_stop_and_its_watchdog_thaws() {
     );
 }
 
-#[test]
-fn stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen() {
-    if !can_run("stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen") {
-        return;
-    }
+/// The service and its watchdog killed together, two of three busy cgroups left frozen: `stop
+/// ARGS` thaws them, and says no service was running.
+fn stop_thaws_after_both_were_killed(name: &str, args: &[&str]) {
     let _serial = serial();
     let mut service = NodeService::start(Setup {
         slice: "10s",
         ..Setup::default()
     });
-    let cgroups = three_busy(&service, "orphaned");
+    let cgroups = three_busy(&service, name);
     let watchdog = service.watchdog_pid();
     signal(watchdog, Signal::SIGSTOP);
     service.kill9();
     signal(watchdog, Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(2), || !alive(watchdog)).is_some());
     assert_eq!(cgroups.iter().filter(|c| c.is_frozen()).count(), 2);
-    let (ok, line) = stop(&service, &[]);
+    let (ok, line) = stop(&service, args);
     assert!(ok, "{line}");
     assert!(
         line.starts_with("no gpuplex node service was running on "),
         "{line}"
     );
     assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+}
+
+#[test]
+fn stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen() {
+    if !can_run("stop_thaws_what_a_service_and_watchdog_killed_together_left_frozen") {
+        return;
+    }
+    stop_thaws_after_both_were_killed("orphaned", &[]);
 }
 
 /// The unit's `ExecStopPost` (`stop --after-exit`) after `systemctl kill --signal=SIGKILL`:
@@ -375,25 +381,7 @@ fn stop_after_exit_thaws_what_a_kill_of_the_whole_unit_left_frozen() {
     if !can_run("stop_after_exit_thaws_what_a_kill_of_the_whole_unit_left_frozen") {
         return;
     }
-    let _serial = serial();
-    let mut service = NodeService::start(Setup {
-        slice: "10s",
-        ..Setup::default()
-    });
-    let cgroups = three_busy(&service, "unitkill");
-    let watchdog = service.watchdog_pid();
-    signal(watchdog, Signal::SIGSTOP);
-    service.kill9();
-    signal(watchdog, Signal::SIGKILL);
-    assert!(wait_until(Duration::from_secs(2), || !alive(watchdog)).is_some());
-    assert_eq!(cgroups.iter().filter(|c| c.is_frozen()).count(), 2);
-    let (ok, line) = stop(&service, &["--after-exit", "--timeout", "2s"]);
-    assert!(ok, "{line}");
-    assert!(
-        line.starts_with("no gpuplex node service was running on "),
-        "{line}"
-    );
-    assert!(cgroups.iter().all(|c| !c.is_frozen()), "{line}");
+    stop_thaws_after_both_were_killed("unitkill", &["--after-exit", "--timeout", "2s"]);
 }
 
 /// `stop --after-exit` signals nobody: a service that still runs (one started by hand while
