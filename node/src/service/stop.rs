@@ -144,7 +144,7 @@ pub fn stop(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
 /// runs when `systemctl kill` killed the service and its watchdog together): signals nobody,
 /// waits up to `timeout` for whoever still holds the node lock (a watchdog thawing) to let it
 /// go, then thaws whatever is left, as [`stop`] does. A service that still holds the lock after
-/// `timeout` (one started by hand while systemd's failed to) is left alone: `StillHeld`.
+/// `timeout` (one started by hand while systemd's failed to) is left alone: `Running`.
 pub fn after_exit(state_dir: &Path, timeout: Duration) -> Result<Stopped, StopError> {
     if !state_dir.is_dir() {
         return Ok(Stopped::default());

@@ -47,22 +47,26 @@ pub struct Container {
     pub proc_cgroup: Option<String>,
 }
 
-/// Whether the bundle's config.json puts init in a PID namespace it shares: false only for a
-/// `pid` namespace of its own (no path); true for the host's (none listed), one joined by path,
-/// or a config that cannot be read (containerd's runc shim reads it the same way).
-fn shares_pid_namespace(bundle: &Path) -> bool {
-    let Some(config) = std::fs::read(bundle.join("config.json"))
+/// The bundle's config.json as containerd wrote it, read once per `Create` for what the shim
+/// itself needs of it (`Value::Null` when it cannot be read).
+fn bundle_spec(bundle: &Path) -> serde_json::Value {
+    std::fs::read(bundle.join("config.json"))
         .ok()
-        .and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok())
-    else {
+        .and_then(|c| serde_json::from_slice(&c).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Whether `spec` puts init in a PID namespace it shares: false only for a `pid` namespace of
+/// its own (no path); true for the host's (none listed), one joined by path, or a config that
+/// cannot be read (containerd's runc shim reads it the same way).
+fn shares_pid_namespace(spec: &serde_json::Value) -> bool {
+    if spec.is_null() {
         return true;
-    };
-    let own = config["linux"]["namespaces"]
-        .as_array()
-        .is_some_and(|list| {
-            list.iter()
-                .any(|ns| ns["type"] == "pid" && ns["path"].as_str().is_none_or(str::is_empty))
-        });
+    }
+    let own = spec["linux"]["namespaces"].as_array().is_some_and(|list| {
+        list.iter()
+            .any(|ns| ns["type"] == "pid" && ns["path"].as_str().is_none_or(str::is_empty))
+    });
     !own
 }
 
@@ -105,7 +109,8 @@ impl Container {
     ) -> Result<Container, TaskError> {
         let bundle = PathBuf::from(&req.bundle);
         let rootfs = bundle.join("rootfs");
-        let options = options.for_cgroups_path(cgroups_path(&bundle).as_deref());
+        let spec = bundle_spec(&bundle);
+        let options = options.for_cgroups_path(spec["linux"]["cgroupsPath"].as_str());
         let mut container = Container {
             id: req.id.clone(),
             runc: runtime_for(&options, namespace, &bundle)?,
@@ -124,7 +129,7 @@ impl Container {
             vgpu: None,
             mounted_rootfs: false,
             visible_devices: None,
-            shares_pid_namespace: shares_pid_namespace(&bundle),
+            shares_pid_namespace: shares_pid_namespace(&spec),
             oom: None,
             proc_cgroup: None,
         };
@@ -452,13 +457,6 @@ impl Container {
             _ => (137, SystemTime::now()),
         }
     }
-}
-
-/// The `linux.cgroupsPath` of the bundle's config.json, if it names one.
-fn cgroups_path(bundle: &Path) -> Option<String> {
-    let config = std::fs::read(bundle.join("config.json")).ok()?;
-    let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
-    config["linux"]["cgroupsPath"].as_str().map(str::to_owned)
 }
 
 /// The `CUDA_VISIBLE_DEVICES` entry of the bundle's (edited) config.json.
