@@ -13,7 +13,7 @@
 //! ending in a pointer to `--help`). A closed standard output (`gpuplexctl status | head -1`)
 //! counts as done.
 //!
-//! It finds and talks to the service with `gpuplex-client` only: no NVML, no containerd, no
+//! It finds and talks to the service with `gpuplex-wire` only: no NVML, no containerd, no
 //! runc in this binary (`install containerd` edits containerd's config as text and at most runs
 //! `containerd --version`).
 #![deny(missing_docs)]
@@ -32,14 +32,14 @@ use std::process::ExitCode;
 pub use table::render_status;
 
 use args::{Cli, Command, Format};
-use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
-use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::VgpuId;
+use gpuplex_wire::config::{config_path, NodeConfig, CONFIG_ENV};
+use gpuplex_wire::{ClientError, NodeClient};
 
 /// The config file read for `service.socket` when neither `--config` nor `$GPUPLEX_CONFIG`
 /// names one. Unlike a named one, it may be absent.
-pub use gpuplex_client::config::DEFAULT_CONFIG;
+pub use gpuplex_wire::config::DEFAULT_CONFIG;
 
 /// Why `gpuplexctl` stops early. Every message is one line.
 #[derive(Debug, thiserror::Error)]
@@ -254,7 +254,7 @@ mod tests {
         std::fs::write(&config, "[scheduler]\n").unwrap();
         assert_eq!(
             resolve(&flag, &no_env),
-            Path::new(gpuplex_client::DEFAULT_SOCKET)
+            Path::new(gpuplex_wire::DEFAULT_SOCKET)
         );
     }
 
@@ -264,7 +264,7 @@ mod tests {
         let absent = dir.path().join("absent.toml");
         assert_eq!(
             socket_from_config(&absent, false).unwrap(),
-            Path::new(gpuplex_client::DEFAULT_SOCKET)
+            Path::new(gpuplex_wire::DEFAULT_SOCKET)
         );
         let err = socket_from_config(&absent, true).unwrap_err();
         assert!(matches!(err, CtlError::Usage(_)));

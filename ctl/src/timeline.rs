@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use gpuplex_scheduler::protocol::EventsReply;
 use gpuplex_scheduler::sim::timeline::Timeline;
 use gpuplex_scheduler::time::format_duration;
 use gpuplex_scheduler::Instant;
+use gpuplex_wire::protocol::EventsReply;
 
 /// How many columns the drawing has.
 pub const COLUMNS: u64 = 100;
@@ -46,7 +46,7 @@ pub fn spans(reply: &EventsReply, from_ms: u64, to_ms: u64) -> Vec<Held> {
         }
     };
     for e in events {
-        let holder = e.container.clone().or_else(|| e.vgpu.clone());
+        let holder = (e.container.clone()).or_else(|| e.vgpu.map(|v| v.to_string()));
         if let Some((before, since)) = open.insert(e.gpu, (holder, e.at_ms)) {
             close(e.gpu, before, since, e.at_ms, &mut held);
         }
@@ -189,14 +189,14 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuplex_scheduler::protocol::EventLine;
+    use gpuplex_wire::protocol::EventLine;
 
     fn event(seq: u64, at_ms: u64, gpu: u32, container: Option<&str>) -> EventLine {
         EventLine {
             seq,
             at_ms,
             gpu,
-            vgpu: container.map(|_| format!("vgpu-{seq}")),
+            vgpu: container.map(|_| gpuplex_scheduler::VgpuId(seq)),
             container: container.map(str::to_owned),
         }
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::table::render_status;
 use super::{write_out, CtlError};
-use gpuplex_client::NodeClient;
+use gpuplex_wire::NodeClient;
 
 /// Moves the cursor home and clears the screen.
 pub const CLEAR: &str = "\x1b[H\x1b[2J";

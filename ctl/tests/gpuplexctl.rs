@@ -13,8 +13,8 @@ use gpuplex_ctl::render_status;
 use gpuplex_scheduler::node::{
     ContainerState, ContainerStatus, GpuStatus, NodeStatus, ReservationStatus,
 };
-use gpuplex_scheduler::protocol::{parse_request, AssignedGpu, Reply, VgpuReply};
 use gpuplex_scheduler::request::Priority;
+use gpuplex_wire::protocol::{parse_request, AssignedGpu, Reply, VgpuReply};
 use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
@@ -164,17 +164,12 @@ fn container(id: &str, vgpu: &str, state: ContainerState) -> ContainerStatus {
 }
 
 fn status_reply() -> String {
-    Reply {
-        ok: true,
-        status: Some(node_status()),
-        ..Reply::default()
-    }
-    .to_line()
+    Reply::Status(Box::new(node_status())).to_line()
 }
 
 fn vgpu_reply(id: &str, container: Option<&str>) -> VgpuReply {
     VgpuReply {
-        id: id.into(),
+        id: id.parse().unwrap(),
         handle: None,
         container: container.map(String::from),
         gpus: vec![AssignedGpu {
@@ -306,11 +301,7 @@ fn the_socket_comes_from_the_environment_or_the_config_file() {
 #[test]
 fn register_sends_one_request_line_and_prints_the_vgpu() {
     let vgpu = vgpu_reply("vgpu-7", Some("job-1"));
-    let reply = Reply {
-        ok: true,
-        vgpu: Some(vgpu.clone()),
-        ..Reply::default()
-    };
+    let reply = Reply::vgpu(vgpu.clone());
     let fake = Fake::start(vec![reply.to_line(), reply.to_line()]);
     let output = fake.run(&[
         "register",
@@ -347,7 +338,7 @@ fn register_sends_one_request_line_and_prints_the_vgpu() {
 
 #[test]
 fn a_refusal_exits_1_with_the_service_line() {
-    let fake = Fake::start(vec![Reply::error("no GPU has 80Gi free").to_line()]);
+    let fake = Fake::start(vec![Reply::refused("no GPU has 80Gi free").to_line()]);
     let output = fake.run(&["register", "--id", "job-1", "--pid", "7"]);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(one_line_stderr(&output), "gpuplexctl: no GPU has 80Gi free");
@@ -356,15 +347,8 @@ fn a_refusal_exits_1_with_the_service_line() {
 
 #[test]
 fn release_by_vgpu_or_container() {
-    let released = Reply {
-        ok: true,
-        vgpu: Some(vgpu_reply("vgpu-3", None)),
-        ..Reply::default()
-    };
-    let nothing = Reply {
-        ok: true,
-        ..Reply::default()
-    };
+    let released = Reply::vgpu(vgpu_reply("vgpu-3", None));
+    let nothing = Reply::Done;
     let fake = Fake::start(vec![released.to_line(), nothing.to_line()]);
     let output = fake.run(&["release", "vgpu-3"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
@@ -416,7 +400,7 @@ fn top_exits_1_when_the_service_goes_away() {
 
 #[test]
 fn timeline_draws_the_services_window_events() {
-    use gpuplex_scheduler::protocol::{EventLine, EventsReply};
+    use gpuplex_wire::protocol::{EventLine, EventsReply};
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -425,17 +409,13 @@ fn timeline_draws_the_services_window_events() {
         seq,
         at_ms: now_ms - ago_ms,
         gpu: 0,
-        vgpu: Some(format!("vgpu-{seq}")),
+        vgpu: Some(gpuplex_scheduler::VgpuId(seq)),
         container: Some(container.into()),
     };
-    let reply = Reply {
-        ok: true,
-        events: Some(EventsReply {
-            first: 1,
-            events: vec![event(1, 20_000, "job-a"), event(2, 10_000, "job-b")],
-        }),
-        ..Reply::default()
-    };
+    let reply = Reply::Events(EventsReply {
+        first: 1,
+        events: vec![event(1, 20_000, "job-a"), event(2, 10_000, "job-b")],
+    });
     let fake = Fake::start(vec![reply.to_line()]);
     let output = fake.run(&["timeline", "--since", "30s"]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");

@@ -27,7 +27,6 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuplex_client::NodeClient;
 use gpuplex_dra::apiserver::{self, ApiClaims};
 use gpuplex_dra::claim::{self, ClaimRef};
 use gpuplex_dra::driver::Claims;
@@ -35,6 +34,7 @@ use gpuplex_dra::proto::dra_v1 as v1;
 use gpuplex_dra::proto::registration::registration_client::RegistrationClient;
 use gpuplex_dra::proto::registration::InfoRequest;
 use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_wire::NodeClient;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube_api::{kubeconfig, start, State};
 use serde_json::json;

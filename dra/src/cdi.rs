@@ -13,8 +13,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use gpuplex_hook::spec::{self, DeviceNode};
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
-use gpuplex_scheduler::protocol::VgpuReply;
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
+use gpuplex_wire::protocol::VgpuReply;
 use serde_json::{json, Value};
 
 /// The CDI kind of the claims' devices.
@@ -96,7 +96,7 @@ pub fn claim_edits(
         let host = Path::new(&device.path);
         edits.device_nodes.push(CdiDeviceNode {
             path: spec::container_path_of(host).display().to_string(),
-            host_path: Some(device.path.clone()),
+            host_path: Some(device.path.display().to_string()),
             node_type: Some("c".into()),
             major: Some(device.major.into()),
             minor: Some(device.minor.into()),

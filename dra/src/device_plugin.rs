@@ -21,14 +21,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use gpuplex_client::config::DeviceDelivery;
-use gpuplex_client::identity::{self, Identity};
-use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_hook::spec::DeviceNode;
 use gpuplex_scheduler::inventory::AssignmentPolicy;
 use gpuplex_scheduler::node::{allocation_key, NodeStatus, ReleaseKey, ALLOCATION_PREFIX};
 use gpuplex_scheduler::units::{self, UnitId, RESOURCE};
-use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_scheduler::Handle;
+use gpuplex_wire::config::DeviceDelivery;
+use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::{ClientError, NodeClient};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -165,10 +165,9 @@ fn allocate_one(
         .allocate(units, config.unit)
         .map_err(|e| e.to_string())?;
     let made = (|| -> Result<dp::ContainerAllocateResponse, String> {
-        let handle: Handle = (vgpu.handle.as_deref())
-            .and_then(|h| h.parse().ok())
-            .ok_or("the node service did not give the allocation's handle")?;
-        let id: VgpuId = vgpu.id.parse().map_err(|_| "the node service's vGPU id")?;
+        let handle: Handle =
+            (vgpu.handle).ok_or("the node service did not give the allocation's handle")?;
+        let id = vgpu.id;
         let dir = identity::identity_dir(&config.socket);
         identity::write(&dir, &Identity::of(&vgpu, &config.node))
             .map_err(|e| format!("cannot write the identity file in {}: {e}", dir.display()))?;

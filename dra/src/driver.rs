@@ -6,10 +6,10 @@
 use std::future::Future;
 use std::path::PathBuf;
 
-use gpuplex_client::identity::{self, Identity};
-use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_hook::spec::DeviceNode;
 use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::{ClientError, NodeClient};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::cdi::{self, CdiError};
@@ -170,23 +170,17 @@ fn pin_and_write(
         .map_err(node_error(claim))?;
     let written = (|| {
         let dir = identity::identity_dir(&config.socket);
-        let id: gpuplex_scheduler::VgpuId = vgpu.id.parse().map_err(|_| DriverError::Cdi {
-            claim: claim.to_string(),
-            source: CdiError::Incomplete("the vGPU's id"),
-        })?;
-        let file = identity::identity_file(&dir, id);
+        let file = identity::identity_file(&dir, vgpu.id);
         identity::write(&dir, &Identity::of(&vgpu, &config.node)).map_err(|source| {
             DriverError::Identity {
                 claim: claim.to_string(),
                 source,
             }
         })?;
-        let handle = (vgpu.handle.as_deref())
-            .and_then(|h| h.parse::<gpuplex_scheduler::Handle>().ok())
-            .ok_or(DriverError::Cdi {
-                claim: claim.to_string(),
-                source: CdiError::Incomplete("the claim's handle"),
-            })?;
+        let handle = vgpu.handle.ok_or(DriverError::Cdi {
+            claim: claim.to_string(),
+            source: CdiError::Incomplete("the claim's handle"),
+        })?;
         let attach = gpuplex_hook::claim::attach_hook(&config.hook, &config.socket, &handle);
         let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, Some(attach));
         edits
@@ -208,8 +202,8 @@ fn release_and_remove(config: &DriverConfig, claim: &ClaimRef) -> Result<(), Dri
     let released = client
         .release(&ReleaseKey::Claim(claim.uid.clone()))
         .map_err(node_error(claim))?;
-    if let Some(id) = released.and_then(|v| v.id.parse().ok()) {
-        let _ = identity::remove(&identity::identity_dir(&config.socket), id);
+    if let Some(released) = released {
+        let _ = identity::remove(&identity::identity_dir(&config.socket), released.id);
     }
     cdi::remove(&config.cdi_dir, &claim.uid).map_err(|source| DriverError::Cdi {
         claim: claim.to_string(),

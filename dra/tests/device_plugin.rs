@@ -311,7 +311,7 @@ fn with_cdi_an_allocation_is_a_cdi_device_whose_spec_goes_with_it() {
         node: "testnode".into(),
         socket: service.socket.clone(),
         unit: GIB,
-        delivery: gpuplex_client::config::DeviceDelivery::Cdi,
+        delivery: gpuplex_wire::config::DeviceDelivery::Cdi,
         policy: gpuplex_scheduler::inventory::AssignmentPolicy::Spread,
         cdi_dir: cdi_dir.clone(),
         hook: PathBuf::from("/usr/local/bin/gpuplex-hook"),

@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use gpuplex_client::config::{DeviceDelivery, NodeConfig};
 use gpuplex_dra::device_plugin::{DevicePlugin, PluginConfig};
 use gpuplex_dra::proto::deviceplugin as dp;
 use gpuplex_dra::proto::deviceplugin::device_plugin_server::DevicePlugin as _;
@@ -17,6 +16,7 @@ use gpuplex_integration::cri::k8s_cri::v1 as cri_api;
 use gpuplex_integration::cri::*;
 use gpuplex_integration::*;
 use gpuplex_scheduler::request::ALLOCATION;
+use gpuplex_wire::config::{DeviceDelivery, NodeConfig};
 use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;

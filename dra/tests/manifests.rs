@@ -95,7 +95,7 @@ fn every_shipped_manifest_parses_into_its_type_with_no_unknown_field() {
 
 #[test]
 fn the_daemonsets_gpuplex_toml_is_valid_and_switches_to_the_device_plugin_in_one_line() {
-    use gpuplex_client::config::{KubeletPlugin, NodeConfig};
+    use gpuplex_wire::config::{KubeletPlugin, NodeConfig};
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kubernetes/gpuplex.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let map = serde_yaml::Deserializer::from_str(&text)

@@ -20,13 +20,13 @@ use gpuplex_scheduler::config::SchedulerConfig;
 use gpuplex_scheduler::inventory::Gpu;
 use gpuplex_scheduler::node::Node;
 use gpuplex_scheduler::policy::PolicyConfig;
-use gpuplex_scheduler::protocol::parse_request;
 use gpuplex_scheduler::quantity::{format_bytes, parse_quantity};
 use gpuplex_scheduler::request::{
     GpuMemory, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, POD_NAMESPACE_KEYS, PREFIX,
 };
 use gpuplex_scheduler::time::{format_duration, parse_duration};
 use gpuplex_scheduler::{GpuIndex, Handle, Instant};
+use gpuplex_wire::protocol::{node_only, parse_request, Reply};
 use serde_json::Value;
 
 /// A target's body.
@@ -157,7 +157,7 @@ fn node() -> Node {
 }
 
 /// `request_line`: the input to `protocol::parse_request` as one line; then split into lines
-/// (at most 64), as the node socket reads them, each parsed and carried out by `Node::handle`
+/// (at most 64), as the node socket reads them, each parsed and carried out by `gpuplex_wire::protocol::node_only::handle`
 /// on one node of two GPUs under the default `[policy]`, with a decision after each, 1 ms
 /// apart. The handle the node service would draw for line `n` (from 1) is `n` in each of its 16
 /// bytes: `0101…01` for the first, so an input can attach what it reserved.
@@ -177,20 +177,17 @@ pub fn request_line(data: &[u8]) {
                 continue;
             }
         };
-        let reply = node.handle(request, Handle::from_bytes([n; 16]), now);
-        match &reply.error {
-            Some(why) => {
-                assert!(!reply.ok, "an error in a reply that says ok");
-                one_line("Node::handle", why);
-            }
-            None => assert!(reply.ok, "a failed reply without an error"),
+        let reply = node_only::handle(&mut node, request, Handle::from_bytes([n; 16]), now);
+        if let Some(why) = reply.refusal() {
+            one_line("node_only::handle", why);
         }
         let text = reply.to_line();
         assert!(
             text.ends_with('\n') && text.matches('\n').count() == 1,
             "a reply of more than one line: {text:?}"
         );
-        serde_json::from_str::<Value>(&text).expect("a reply is JSON");
+        let back: Reply = serde_json::from_str(&text).expect("a reply reads back");
+        assert_eq!(back, reply, "a reply reads back as itself");
         node.decide(now);
         now = Instant::from_nanos(now.as_nanos() + 1_000_000);
     }
@@ -340,7 +337,7 @@ fn set_aside(dir: &Path, name: &str) -> Option<Vec<u8>> {
 /// the 3 decimals the format keeps.
 pub fn gpuplex_toml(data: &[u8]) {
     let text = text_of(data);
-    let node = gpuplex_client::config::NodeConfig::parse(&text);
+    let node = gpuplex_wire::config::NodeConfig::parse(&text);
     if let Err(e) = &node {
         one_line("NodeConfig::parse", e);
     }
@@ -360,7 +357,7 @@ pub fn gpuplex_toml(data: &[u8]) {
     let hook = gpuplex_hook::stages::HookContext::from_config("precreate", Some(&path));
     let raw = dir.path().join("raw.toml");
     std::fs::write(&raw, data).expect("write the file");
-    if let Err(e) = gpuplex_client::config::NodeConfig::load(&raw, true) {
+    if let Err(e) = gpuplex_wire::config::NodeConfig::load(&raw, true) {
         one_line("NodeConfig::load", e);
     }
     if let Err(e) = &hook {

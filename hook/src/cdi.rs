@@ -3,7 +3,7 @@
 //!
 //! The node service reads the GPUs' CDI spec (`nvidia-ctk cdi generate`) and sends each
 //! reservation's edits in its reply, as the protocol's
-//! [`CdiEdits`](gpuplex_scheduler::protocol::cdi::CdiEdits); the hook never reads a spec, so
+//! [`CdiEdits`](gpuplex_wire::protocol::cdi::CdiEdits); the hook never reads a spec, so
 //! `gpuplex-hook` does not link the CDI crate and its YAML, JSON schema and HTTP dependencies.
 //!
 //! - [`apply`] writes the edits into a `config.json` value the way CDI does; all or nothing.

@@ -13,8 +13,8 @@
 
 use std::path::Path;
 
-use gpuplex_scheduler::protocol::cdi::CdiHook;
 use gpuplex_scheduler::Handle;
+use gpuplex_wire::protocol::cdi::CdiHook;
 use serde_json::Value;
 
 /// The hook's stage word.

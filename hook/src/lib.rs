@@ -11,7 +11,7 @@
 //! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop|attach` does;
 //! - [`claim`]: a Kubernetes claim's attach step, the hook its CDI spec carries.
 //!
-//! It finds and talks to the node service with `gpuplex-client` (the configuration, the
+//! It finds and talks to the node service with `gpuplex-wire` (the configuration, the
 //! socket's client and the identity files), as `gpuplexctl` and the containerd shim do.
 #![deny(missing_docs)]
 

@@ -22,19 +22,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gpuplex_client::config::{CdiSettings, NodeConfig, DEFAULT_CONFIG};
-use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_scheduler::node::{ReleaseKey, Target};
-use gpuplex_scheduler::protocol::VgpuReply;
 use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_HANDLE, VGPU_ID};
 use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_wire::config::{CdiSettings, NodeConfig, DEFAULT_CONFIG};
+use gpuplex_wire::protocol::VgpuReply;
+use gpuplex_wire::{ClientError, NodeClient};
 use serde_json::{json, Value};
 
 use crate::cdi;
 use crate::inject;
 use crate::oci_state::{BundleConfig, OciState};
 use crate::spec::{self, DeviceNode, HookCommand, Injection};
-use gpuplex_client::identity::{self, Identity};
+use gpuplex_wire::identity::{self, Identity};
 
 /// Why a stage failed: one line a podman user can act on.
 #[derive(Debug, thiserror::Error)]
@@ -260,9 +260,7 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
     let (id, handle) = match reserved(&vgpu) {
         Ok(reserved) => reserved,
         Err(message) => {
-            if let Ok(id) = vgpu.id.parse::<VgpuId>() {
-                let _ = client.release(&ReleaseKey::Vgpu(id));
-            }
+            let _ = client.release(&ReleaseKey::Vgpu(vgpu.id));
             return Err(fail(message));
         }
     };
@@ -302,14 +300,8 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
 
 /// The id and handle of a vGPU the service just reserved.
 fn reserved(vgpu: &VgpuReply) -> Result<(VgpuId, Handle), String> {
-    let id = vgpu.id.parse::<VgpuId>().map_err(|e| {
-        format!("the node service named its vGPU oddly ({e}); is it of another gpuplex version?")
-    })?;
-    let handle = vgpu
-        .handle
-        .as_deref()
-        .and_then(|h| h.parse::<Handle>().ok())
-        .ok_or_else(|| {
+    let id = vgpu.id;
+    let handle = vgpu.handle.ok_or_else(|| {
             "the node service replied without a handle for the reservation; is it older than this hook?".to_string()
         })?;
     Ok((id, handle))
@@ -356,7 +348,7 @@ fn injection(
     }
     devices.extend(spec::control_nodes());
     Ok(Injection {
-        vgpu: vgpu.id.clone(),
+        vgpu: vgpu.id.to_string(),
         handle,
         uuids: vgpu.gpus.iter().map(|g| g.uuid.clone()).collect(),
         devices,
@@ -445,9 +437,7 @@ fn attach(
         }
         Err(e) => {
             if let Ok(Some(released)) = client.release(&ReleaseKey::Handle(*handle)) {
-                if let Ok(id) = released.id.parse::<VgpuId>() {
-                    let _ = identity::remove(&ctx.identity_dir, id);
-                }
+                let _ = identity::remove(&ctx.identity_dir, released.id);
             }
             Err(service_error(stage, e))
         }
@@ -471,10 +461,7 @@ fn register(
         .map_err(|e| service_error(stage, e))?;
     // A handle comes back only when this call reserved the vGPU (a hook that runs at prestart
     // and createRuntime registers twice): only then is it this call's to undo.
-    let ours = vgpu
-        .handle
-        .as_deref()
-        .and_then(|h| h.parse::<Handle>().ok());
+    let ours = vgpu.handle;
     // The runc/crun path makes device nodes inside a container that exists already; a CDI
     // spec's driver libraries, mounts and createContainer hooks cannot be added then.
     let injected = match &vgpu.cdi {
@@ -487,9 +474,7 @@ fn register(
     if let Err(message) = injected {
         if let Some(handle) = ours {
             let _ = client.release(&ReleaseKey::Handle(handle));
-            if let Ok(id) = vgpu.id.parse::<VgpuId>() {
-                let _ = identity::remove(&ctx.identity_dir, id);
-            }
+            let _ = identity::remove(&ctx.identity_dir, vgpu.id);
         }
         return Err(fail(message));
     }
@@ -548,7 +533,7 @@ pub fn poststop(ctx: &HookContext, input: &[u8]) -> Result<(), HookError> {
     };
     let mut client = ctx.client(STAGE)?;
     let released = client.release(&key).map_err(|e| service_error(STAGE, e))?;
-    if let Some(id) = released.and_then(|v| v.id.parse::<VgpuId>().ok()) {
+    if let Some(id) = released.map(|v| v.id) {
         let _ = identity::remove(&ctx.identity_dir, id);
     }
     Ok(())

@@ -17,7 +17,7 @@ use gpuplex_scheduler::{GpuIndex, VgpuId};
 
 use crate::nvml::NvmlGpus;
 use gpuplex_cgroup::{CgroupReader, Hierarchies};
-use gpuplex_client::config::ActivityChoice;
+use gpuplex_wire::config::ActivityChoice;
 
 /// The activity source in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

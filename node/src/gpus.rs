@@ -9,21 +9,11 @@ use gpuplex_scheduler::inventory::Gpu;
 use gpuplex_scheduler::GpuIndex;
 
 use crate::nvml::NvmlGpus;
-use gpuplex_client::config::{ActivityChoice, NodeConfig};
+use gpuplex_wire::config::{ActivityChoice, NodeConfig};
+pub use gpuplex_wire::protocol::DeviceNode;
 
 /// The NVIDIA character device major number.
 pub const NVIDIA_MAJOR: u32 = 195;
-
-/// A GPU's device node on the host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceNode {
-    /// Its path (`/dev/nvidia0`).
-    pub path: PathBuf,
-    /// Major number.
-    pub major: u32,
-    /// Minor number.
-    pub minor: u32,
-}
 
 /// One GPU of this machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,7 +165,7 @@ fn char_device(path: &Path) -> Result<(u32, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuplex_client::config::FakeGpu;
+    use gpuplex_wire::config::FakeGpu;
 
     fn with_fake(device: &Path) -> NodeConfig {
         let mut config = NodeConfig::default();

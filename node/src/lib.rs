@@ -9,7 +9,7 @@
 //! - [`metrics`]: the Prometheus endpoint;
 //! - [`cdi`]: the GPUs' CDI specs, read and checked, and each reservation's edits chosen.
 //!
-//! `gpuplex.toml` is read by `gpuplex-client`, as every gpuplex program on the node reads it.
+//! `gpuplex.toml` is read by `gpuplex-wire`, as every gpuplex program on the node reads it.
 //! The binary is `containerd-shim-gpuplex-v1 serve` (package `gpuplex-shim`), which calls
 //! [`service::serve`].
 #![deny(missing_docs)]

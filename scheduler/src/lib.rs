@@ -7,7 +7,6 @@
 //! - [`accounting`]: GPU time, waits and windows per vGPU; busy time and switches per GPU.
 //! - [`node`]: the node as one value: reservations, attachments, releases, lapses and status
 //!   around the inventory and the windows.
-//! - [`protocol`]: the node socket's requests and replies, and [`node::Node::handle`].
 //! - [`config`]: the `[scheduler]` section of `gpuplex.toml`.
 //! - [`policy`]: the `[policy]` section: what a container owner may ask for.
 //! - [`sim`]: a deterministic simulator that drives the scheduler through a scenario.
@@ -62,7 +61,6 @@ pub mod config;
 pub mod inventory;
 pub mod node;
 pub mod policy;
-pub mod protocol;
 pub mod quantity;
 pub mod request;
 pub mod sim;
@@ -214,3 +212,28 @@ mod tests {
         }
     }
 }
+
+/// Written as its text (`vgpu-7`, 32 hexadecimal digits) wherever serde writes one, and read
+/// back through [`FromStr`], so that a file or a reply holding a malformed one is refused where
+/// it is read.
+macro_rules! serde_as_text {
+    ($type:ty, $what:literal) => {
+        impl serde::Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                text.parse().map_err(|_| {
+                    serde::de::Error::invalid_value(serde::de::Unexpected::Str(&text), &$what)
+                })
+            }
+        }
+    };
+}
+
+serde_as_text!(VgpuId, "a vGPU id such as `vgpu-7`");
+serde_as_text!(Handle, "a vGPU handle of 32 lowercase hexadecimal digits");

@@ -11,9 +11,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gpuplex_client::config::KubeletPlugin;
-use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
-use gpuplex_client::NodeClient;
 use gpuplex_dra::apiserver::{self, keep_published, ApiClaims, SlicePublisher};
 use gpuplex_dra::device_plugin::{
     self, DevicePlugin, DevicePluginPaths, PluginConfig, KUBELET_SOCKET,
@@ -24,6 +21,9 @@ use gpuplex_dra::slice::devices;
 use gpuplex_scheduler::quantity::format_bytes;
 use gpuplex_scheduler::time::parse_duration;
 use gpuplex_scheduler::units::RESOURCE;
+use gpuplex_wire::config::KubeletPlugin;
+use gpuplex_wire::config::{config_path, NodeConfig, CONFIG_ENV};
+use gpuplex_wire::NodeClient;
 
 const USAGE: &str = "\
 usage: gpuplex-dra [--config PATH] [--node NAME] [--cdi-dir DIR] [--hook PATH] [--registry-dir DIR] [--plugin-dir DIR] [--kubelet-socket PATH] [--poll DURATION]

@@ -1,9 +1,9 @@
 //! The claim's spec is a CDI spec the reference parser accepts, with precreate's edits first.
 
 use super::*;
-use gpuplex_scheduler::protocol::cdi::CdiHook;
-use gpuplex_scheduler::protocol::{AssignedGpu, DeviceNode as WireNode};
 use gpuplex_scheduler::request::Priority;
+use gpuplex_wire::protocol::cdi::CdiHook;
+use gpuplex_wire::protocol::{AssignedGpu, DeviceNode as WireNode};
 
 const UID: &str = "8d5c6f1e-0000-4000-8000-000000000001";
 
@@ -14,14 +14,14 @@ fn vgpu(cdi: Option<CdiEdits>) -> VgpuReply {
         model: "Fake A100".into(),
         memory: 8 << 30,
         device: Some(WireNode {
-            path: format!("/dev/nvidia{index}"),
+            path: format!("/dev/nvidia{index}").into(),
             major: 195,
             minor: index,
         }),
         fake: true,
     };
     VgpuReply {
-        id: "vgpu-4".into(),
+        id: gpuplex_scheduler::VgpuId(4),
         handle: None,
         container: None,
         gpus: vec![gpu(0), gpu(2)],

@@ -9,12 +9,12 @@
 
 use std::collections::HashMap;
 
-use gpuplex_client::config::DeviceDelivery;
 use gpuplex_scheduler::node::GpuStatus;
-use gpuplex_scheduler::protocol::cdi::CdiEdits;
 use gpuplex_scheduler::request::ALLOCATION;
 use gpuplex_scheduler::units::units_of;
 use gpuplex_scheduler::{GpuIndex, Handle};
+use gpuplex_wire::config::DeviceDelivery;
+use gpuplex_wire::protocol::cdi::CdiEdits;
 
 use crate::cdi;
 use crate::proto::deviceplugin as dp;

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use caps::{CapSet, Capability, CapsHashSet};
-use gpuplex_client::config::{config_path, CONFIG_ENV};
 use gpuplex_hook::stages::{self, HookContext};
+use gpuplex_wire::config::{config_path, CONFIG_ENV};
 
 const USAGE: &str = "\
 usage: gpuplex-hook [--config PATH] precreate|createRuntime|prestart|poststop

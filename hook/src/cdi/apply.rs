@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use gpuplex_cgroup::{DeviceKind, DeviceNumbers};
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
-use gpuplex_scheduler::protocol::json_kind as kind;
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
+use gpuplex_wire::protocol::json_kind as kind;
 use serde_json::{json, Map, Value};
 
 use super::HOOK_NAMES;

@@ -3,7 +3,7 @@
 //! (`fixtures/nvidia-gpu0-edits.json`: what the registry, `shim/src/cdi/`, chooses from its
 //! `fixtures/nvidia.yaml`, as its tests check).
 
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook};
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook};
 use serde_json::{json, Value};
 
 use super::*;

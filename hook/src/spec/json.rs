@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use super::SpecError;
 
 /// How a JSON value reads in a message: `a string`, `an array`, ...
-pub(super) use gpuplex_scheduler::protocol::json_kind as kind;
+pub(super) use gpuplex_wire::protocol::json_kind as kind;
 
 fn wrong(field: &str, expected: &'static str, found: &Value) -> SpecError {
     SpecError::WrongType {

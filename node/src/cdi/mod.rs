@@ -41,8 +41,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use container_device_interface::specs::config::ContainerEdits as RawContainerEdits;
-use gpuplex_client::config::DEFAULT_SPEC_DIRS;
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
+use gpuplex_wire::config::DEFAULT_SPEC_DIRS;
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
 use serde::Deserialize;
 use serde_json::Value;
 

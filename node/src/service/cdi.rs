@@ -10,7 +10,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use gpuplex_scheduler::protocol::cdi::CdiEdits;
+use gpuplex_wire::protocol::cdi::CdiEdits;
 
 use crate::cdi::CdiRegistry;
 

@@ -382,8 +382,8 @@ impl Service {
         self.sampler.forget(vgpu);
         // The hook's identity file for it, if any: whoever released it (poststop, an exit seen
         // here, a lapse), the file goes with the vGPU.
-        let identities = gpuplex_client::identity::identity_dir(&self.config.service.socket);
-        if let Err(e) = gpuplex_client::identity::remove(&identities, vgpu) {
+        let identities = gpuplex_wire::identity::identity_dir(&self.config.service.socket);
+        if let Err(e) = gpuplex_wire::identity::remove(&identities, vgpu) {
             tracing::warn!(
                 "{vgpu}: cannot remove its identity file in {}: {e}",
                 identities.display()

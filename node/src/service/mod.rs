@@ -37,8 +37,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use gpuplex_scheduler::node::{Node, NodeStatus};
-use gpuplex_scheduler::protocol::{Reply, Request};
 use gpuplex_scheduler::{Instant, VgpuId};
+use gpuplex_wire::protocol::{Reply, Request};
 
 use crate::activity::{ActivitySampler, ActivitySource, Watched};
 use crate::gpus::{self, GpuSource, NodeGpu};
@@ -47,7 +47,7 @@ use crate::state::{
     SavedVgpuAccounting, StateDir, StateError,
 };
 use gpuplex_cgroup::{CgroupError, Hierarchies};
-use gpuplex_client::config::NodeConfig;
+use gpuplex_wire::config::NodeConfig;
 
 use cdi::CdiSpecs;
 use enforce::Enforced;
@@ -149,6 +149,20 @@ pub const EXIT_SWEEP: Duration = Duration::from_secs(1);
 /// `/proc/PID/status` is the dearest read of a sample (about 15 µs).
 pub const STOP_CHECK: Duration = Duration::from_millis(100);
 
+/// What a [`Service`] is made of (see [`Service::assemble`]).
+pub struct Parts {
+    /// The configuration.
+    pub config: NodeConfig,
+    /// The GPUs, and where they came from.
+    pub found: gpus::Discovery,
+    /// Where the freezer hierarchies are mounted.
+    pub hierarchies: Hierarchies,
+    /// The state directory.
+    pub state: StateDir,
+    /// The node, owned.
+    pub lock: NodeLock,
+}
+
 impl Service {
     /// Finds the GPUs and the cgroup hierarchies, opens the state directory and recovers what
     /// it holds. Logs what it found.
@@ -159,6 +173,36 @@ impl Service {
         let state = StateDir::open(&config.service.state_dir)?;
         // Before any cgroup is touched: a second instance stops here.
         let lock = state.lock(LOCK_WAIT)?;
+        let mut service = Service::assemble(Parts {
+            config,
+            found,
+            hierarchies,
+            state,
+            lock,
+        })?;
+        service.recover()?;
+        let watchdog =
+            Watchdog::spawn(service.state.path(), &service.lock).map_err(ServiceError::Watchdog)?;
+        tracing::info!(
+            "watchdog: pid {}; it thaws what the service froze if the service dies",
+            watchdog.pid()
+        );
+        service.watchdog = Some(watchdog);
+        Ok(service)
+    }
+
+    /// The service over `parts`, with nothing recovered and no watchdog: what
+    /// [`Service::start`] makes of this machine's, and what tests and the `request_line` fuzz
+    /// target make of fixtures (fake GPUs, a temporary state directory, fixture cgroups). Without
+    /// a watchdog it freezes nothing; every request is carried out as in production.
+    pub fn assemble(parts: Parts) -> Result<Service, ServiceError> {
+        let Parts {
+            config,
+            found,
+            hierarchies,
+            state,
+            lock,
+        } = parts;
         let nvml_loaded = matches!(found.source, GpuSource::Nvml(_));
         let source = ActivitySource::resolve(config.service.activity, nvml_loaded);
         let mut node = Node::new(
@@ -217,7 +261,7 @@ impl Service {
         let uuids = found.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
         let service = &config.service;
         let cdi = CdiSpecs::load(&service.cdi_spec_dirs, &service.cdi_kind, uuids);
-        let mut service = Service {
+        Ok(Service {
             node,
             gpus: found.gpus,
             source: found.source,
@@ -240,16 +284,7 @@ impl Service {
                     tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}")
                 })
                 .ok(),
-        };
-        service.recover()?;
-        let watchdog =
-            Watchdog::spawn(service.state.path(), &service.lock).map_err(ServiceError::Watchdog)?;
-        tracing::info!(
-            "watchdog: pid {}; it thaws what the service froze if the service dies",
-            watchdog.pid()
-        );
-        service.watchdog = Some(watchdog);
-        Ok(service)
+        })
     }
 
     /// Restarts the watchdog if it exited; without one, nothing is frozen.

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target, VgpuRecord};
-use gpuplex_scheduler::protocol::cdi::CdiEdits;
-use gpuplex_scheduler::protocol::{DeviceNode, Reply, Request, VgpuReply};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_wire::protocol::cdi::CdiEdits;
+use gpuplex_wire::protocol::{EventsReply, Reply, Request, VgpuReply};
 
 use super::enforce::{Enforced, Member};
 use super::unstarted::Unstarted;
@@ -29,11 +29,7 @@ impl Service {
         match request {
             Request::Status => {
                 self.cdi.refresh();
-                Reply {
-                    ok: true,
-                    status: Some(self.status()),
-                    ..Reply::default()
-                }
+                Reply::Status(Box::new(self.status()))
             }
             Request::Events { since } => {
                 // The node's clock is the service's origin, offset by reservation_ttl.
@@ -43,11 +39,7 @@ impl Service {
                     let ago = now.saturating_since(at).as_millis() as u64;
                     wall.saturating_sub(ago)
                 };
-                Reply {
-                    ok: true,
-                    events: Some(self.node.events_reply(since, at_ms)),
-                    ..Reply::default()
-                }
+                Reply::Events(EventsReply::of(&self.node, since, at_ms))
             }
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
@@ -81,7 +73,7 @@ impl Service {
             GpuSource::None(why) => why.as_str(),
             _ => "no GPU was found",
         };
-        Some(Reply::error(format!(
+        Some(Reply::refused(format!(
             "this node has no GPU to assign: {why}"
         )))
     }
@@ -92,20 +84,20 @@ impl Service {
         }
         let handle = match fresh_handle() {
             Ok(h) => h,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let vgpu = match self.node.reserve(pairs, handle, now) {
             Ok(record) => record.id,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let cdi = match self.cdi_edits(vgpu) {
             Ok(cdi) => cdi,
-            Err(refused) => return Reply::error(refused),
+            Err(refused) => return Reply::refused(refused),
         };
         if let Err(e) = self.save_new(vgpu) {
-            return Reply::error(e);
+            return Reply::refused(e);
         }
         tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
         new_vgpu(self.reply(vgpu), handle, cdi)
@@ -124,13 +116,13 @@ impl Service {
         }
         let fresh = match fresh_handle() {
             Ok(h) => h,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let vgpu = match self.node.pin(claim, pairs, placement, fresh, now) {
             Ok(record) => record.id,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         self.pinned(vgpu, fresh, &format!("claim {claim}"))
     }
@@ -148,10 +140,10 @@ impl Service {
         }
         let cdi = match self.cdi_edits(vgpu) {
             Ok(cdi) => cdi,
-            Err(refused) => return Reply::error(refused),
+            Err(refused) => return Reply::refused(refused),
         };
         if let Err(e) = self.save_new(vgpu) {
-            return Reply::error(e);
+            return Reply::refused(e);
         }
         tracing::info!("{vgpu}: pinned for {what} on GPU {}", self.gpus_of(vgpu));
         new_vgpu(self.reply(vgpu), handle, cdi)
@@ -166,13 +158,13 @@ impl Service {
         }
         let fresh = match fresh_handle() {
             Ok(h) => h,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let allocated = self.node.allocate(units, unit, fresh, now);
         let allocated = match allocated {
             Ok(a) => a,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         for released in &allocated.released {
             let vgpu = released.record.id;
@@ -221,15 +213,15 @@ impl Service {
         }
         let cgroup = match self.admitted_cgroup(&attachment.target) {
             Ok(c) => c,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let vgpu = match (self.node).attach_asking(handle, attachment.clone(), asked, now) {
             Ok(record) => record.id,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         if let Err(e) = self.enforce(vgpu, cgroup, &attachment, unstarted) {
-            return Reply::error(e);
+            return Reply::refused(e);
         }
         self.reply(vgpu)
     }
@@ -250,7 +242,7 @@ impl Service {
             return if same {
                 self.reply(vgpu)
             } else {
-                Reply::error(format!(
+                Reply::refused(format!(
                     "container {} is already attached to {vgpu}, from another process or cgroup",
                     attachment.container
                 ))
@@ -261,11 +253,11 @@ impl Service {
         }
         let cgroup = match self.admitted_cgroup(&attachment.target) {
             Ok(c) => c,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let handle = match fresh_handle() {
             Ok(h) => h,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let registered = self
@@ -273,24 +265,21 @@ impl Service {
             .register(pairs, handle, attachment.clone(), self.now());
         let vgpu = match registered {
             Ok(record) => record.id,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         let cdi = match self.cdi_edits(vgpu) {
             Ok(cdi) => cdi,
-            Err(refused) => return Reply::error(refused),
+            Err(refused) => return Reply::refused(refused),
         };
         if let Err(e) = self.enforce(vgpu, cgroup, &attachment, unstarted) {
-            return Reply::error(e);
+            return Reply::refused(e);
         }
         new_vgpu(self.reply(vgpu), handle, cdi)
     }
 
     fn release(&mut self, key: &ReleaseKey) -> Reply {
         let Some(released) = self.node.release(key, self.now()) else {
-            return Reply {
-                ok: true,
-                ..Reply::default()
-            };
+            return Reply::Done;
         };
         let vgpu = released.record.id;
         tracing::info!(
@@ -300,11 +289,7 @@ impl Service {
                 _ => released.record.containers().collect::<Vec<_>>().join(", "),
             }
         );
-        let reply = Reply {
-            ok: true,
-            vgpu: Some(self.vgpu_reply(&released.record)),
-            ..Reply::default()
-        };
+        let reply = Reply::vgpu(self.vgpu_reply(&released.record));
         self.forget(vgpu);
         reply
     }
@@ -316,25 +301,25 @@ impl Service {
     fn hold(&mut self, key: &ReleaseKey, held: bool) -> Reply {
         let vgpu = match self.node.holdable(key, held) {
             Ok(v) => v,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         if self.node.is_held(vgpu) == held {
             return self.reply(vgpu);
         }
         if !self.enforced.contains_key(&vgpu) {
-            return Reply::error(format!("{vgpu} has no cgroup the node service enforces"));
+            return Reply::refused(format!("{vgpu} has no cgroup the node service enforces"));
         }
         let saved = self.saved(vgpu, held);
         if let Err(e) = self.state.save(&saved) {
             tracing::error!("{vgpu}: {e}");
-            return Reply::error(if held {
+            return Reply::refused(if held {
                 format!("{e}; {vgpu} is not held, since a restart would have thawed it")
             } else {
                 format!("{e}; {vgpu} stays held, since a restart would have held it again")
             });
         }
         if let Err(e) = self.node.hold(&ReleaseKey::Vgpu(vgpu), held, self.now()) {
-            return Reply::error(e);
+            return Reply::refused(e);
         }
         let container = self.container_of(vgpu);
         if let Some(e) = self.enforced.get_mut(&vgpu) {
@@ -488,24 +473,19 @@ impl Service {
     }
 
     pub(super) fn reply(&self, vgpu: VgpuId) -> Reply {
-        Reply {
-            ok: true,
-            vgpu: self.node.record(vgpu).map(|r| self.vgpu_reply(r)),
-            ..Reply::default()
+        match self.node.record(vgpu) {
+            Some(r) => Reply::vgpu(self.vgpu_reply(r)),
+            None => Reply::Done,
         }
     }
 
     /// The node's reply for a vGPU, with each GPU's device node and whether it is fake: what
     /// the hook needs to inject it.
     fn vgpu_reply(&self, record: &VgpuRecord) -> VgpuReply {
-        let mut reply = self.node.vgpu_reply(record);
+        let mut reply = VgpuReply::of(&self.node, record);
         for assigned in &mut reply.gpus {
             if let Some(g) = self.gpus.iter().find(|g| g.gpu.index.0 == assigned.index) {
-                assigned.device = Some(DeviceNode {
-                    path: g.device.path.display().to_string(),
-                    major: g.device.major,
-                    minor: g.device.minor,
-                });
+                assigned.device = Some(g.device.clone());
                 assigned.fake = g.fake;
             }
         }
@@ -576,8 +556,8 @@ fn saved_attachment(a: &Attachment, cgroup: &FreezerCgroup) -> SavedAttachment {
 
 /// The reply to the request that made a vGPU: with its handle and its CDI edits.
 fn new_vgpu(mut reply: Reply, handle: Handle, cdi: Option<CdiEdits>) -> Reply {
-    if let Some(vgpu) = &mut reply.vgpu {
-        vgpu.handle = Some(handle.to_string());
+    if let Reply::Vgpu(vgpu) = &mut reply {
+        vgpu.handle = Some(handle);
         vgpu.cdi = cdi;
     }
     reply

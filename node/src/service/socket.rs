@@ -25,7 +25,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpuplex_scheduler::protocol::{parse_request, Reply, MAX_LINE};
+use gpuplex_wire::protocol::{parse_request, Reply, MAX_LINE};
 
 use super::{Event, ServiceError};
 
@@ -191,7 +191,7 @@ pub(super) fn spawn_accept_loop(listener: UnixListener, events: Sender<Event>) {
                     }
                 };
                 let Some(slot) = seat(&pool, &stream) else {
-                    let busy = Reply::error(format!(
+                    let busy = Reply::refused(format!(
                         "the node service is carrying out {MAX_CONNECTIONS} requests already; retry"
                     ));
                     let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
@@ -300,7 +300,7 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
             Ok(true) => {}
             Ok(false) => return,
             Err(why) => {
-                let _ = stream.write_all(Reply::error(why).to_line().as_bytes());
+                let _ = stream.write_all(Reply::refused(why).to_line().as_bytes());
                 return;
             }
         }
@@ -312,7 +312,7 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
         }
         let reply = match parse_request(&line) {
             Ok(request) => ask(events, request),
-            Err(e) => Reply::error(e),
+            Err(e) => Reply::refused(e),
         };
         // Carried out: a client that does not read its reply holds no slot that others need.
         if !slot.waiting(true) {
@@ -324,13 +324,13 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
     }
 }
 
-fn ask(events: &Sender<Event>, request: gpuplex_scheduler::protocol::Request) -> Reply {
+fn ask(events: &Sender<Event>, request: gpuplex_wire::protocol::Request) -> Reply {
     let (tx, rx) = mpsc::channel();
     if events.send(Event::Request(request, tx)).is_err() {
-        return Reply::error("the node service is stopping");
+        return Reply::refused("the node service is stopping");
     }
     rx.recv()
-        .unwrap_or_else(|_| Reply::error("the node service is stopping"))
+        .unwrap_or_else(|_| Reply::refused("the node service is stopping"))
 }
 
 #[cfg(test)]

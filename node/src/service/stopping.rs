@@ -14,9 +14,9 @@
 //! `stop_grace` once for a graceful stop, until it exits for SIGKILL).
 
 use gpuplex_scheduler::node::ReleaseKey;
-use gpuplex_scheduler::protocol::Reply;
 use gpuplex_scheduler::windows::{Action, StopSignal};
 use gpuplex_scheduler::VgpuId;
+use gpuplex_wire::protocol::Reply;
 
 use super::Service;
 use gpuplex_cgroup::PendingSignals;
@@ -40,7 +40,7 @@ impl Service {
     pub(super) fn stopping(&mut self, key: &ReleaseKey, signal: StopSignal) -> Reply {
         let vgpu = match self.node.attached(key) {
             Ok(v) => v,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Reply::refused(e),
         };
         self.stop(vgpu, signal, "its runtime is sending it");
         self.reply(vgpu)

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gpuplex_client::config::{config_path, NodeConfig, CONFIG_ENV};
 use gpuplex_scheduler::time::parse_duration;
+use gpuplex_wire::config::{config_path, NodeConfig, CONFIG_ENV};
 
 const USAGE: &str = "\
 usage: containerd-shim-gpuplex-v1 serve [--config PATH]

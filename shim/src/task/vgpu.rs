@@ -22,14 +22,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuplex_client::config::{config_path, CONFIG_ENV};
-use gpuplex_client::identity::{self, Identity};
-use gpuplex_client::{ClientError, NodeClient};
 use gpuplex_hook::stages::{self, HookContext, HookError, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::request::{ALLOCATION, POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX};
 use gpuplex_scheduler::windows::StopSignal;
-use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_scheduler::Handle;
+use gpuplex_wire::config::{config_path, CONFIG_ENV};
+use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::{ClientError, NodeClient};
 use serde_json::Value;
 
 /// How CRI marks a pod's sandbox (pause) container, which carries the pod's annotations too
@@ -273,11 +273,7 @@ impl NodeLink {
             return;
         };
         let released = client.release(&ReleaseKey::Handle(reserved.handle));
-        if let Some(vgpu) = released
-            .ok()
-            .flatten()
-            .and_then(|v| v.id.parse::<VgpuId>().ok())
-        {
+        if let Some(vgpu) = released.ok().flatten().map(|v| v.id) {
             let _ = identity::remove(&ctx.identity_dir, vgpu);
         }
     }
@@ -290,7 +286,7 @@ impl NodeLink {
             return;
         };
         let released = client.release(&ReleaseKey::Container(id.to_owned()));
-        if let Some(vgpu) = released.ok().flatten().and_then(|v| v.id.parse().ok()) {
+        if let Some(vgpu) = released.ok().flatten().map(|v| v.id) {
             let _ = identity::remove(&ctx.identity_dir, vgpu);
         }
     }

@@ -1,5 +1,5 @@
 use super::*;
-use gpuplex_scheduler::protocol::cdi::{CdiDeviceNode, CdiMount};
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiMount};
 
 const GIB: u64 = 1 << 30;
 

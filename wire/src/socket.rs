@@ -2,7 +2,7 @@
 //!
 //! A request is one JSON object on one line, the core's [`Request`] as the service reads it
 //! ([`Request::to_line`]); the service answers each with one line (see
-//! [`gpuplex_scheduler::protocol`]). The client is blocking, with a timeout on every read and
+//! [`crate::protocol`]). The client is blocking, with a timeout on every read and
 //! write, so that a stuck service makes the hook or `gpuplexctl` fail with a message instead of
 //! hanging.
 //!
@@ -15,8 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::protocol::{EventsReply, Reply, Request, VgpuReply};
 use gpuplex_scheduler::node::{Attachment, NodeStatus, Placement, ReleaseKey, Target};
-use gpuplex_scheduler::protocol::{EventsReply, Reply, Request, VgpuReply};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
@@ -28,7 +28,7 @@ pub const DEFAULT_SOCKET: &str = "/run/gpuplex/gpuplex.sock";
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest reply line read, in bytes. Larger than the request limit
-/// ([`gpuplex_scheduler::protocol::MAX_LINE`]): a busy node's status is long.
+/// ([`crate::protocol::MAX_LINE`]): a busy node's status is long.
 pub const MAX_REPLY: usize = 16 << 20;
 
 /// What can go wrong talking to the node service. Every message is one line and says what to
@@ -149,23 +149,35 @@ impl NodeClient {
             path: self.path.clone(),
             message: e.to_string(),
         })?;
-        if reply.ok {
-            Ok(reply)
-        } else {
-            let error = reply.error.unwrap_or_default();
-            let error = error.trim();
-            Err(ClientError::Refused(if error.is_empty() {
-                "the gpuplex node service refused the request without saying why".into()
-            } else {
-                error.replace('\n', " ")
-            }))
+        match reply {
+            Reply::Refused(why) => Err(ClientError::Refused(why)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// [`NodeClient::request`] answered with a vGPU.
+    fn vgpu(&mut self, request: &Request) -> Result<VgpuReply, ClientError> {
+        match self.request(request)? {
+            Reply::Vgpu(vgpu) => Ok(*vgpu),
+            _ => Err(self.missing("vgpu")),
+        }
+    }
+
+    /// [`NodeClient::request`] answered with a vGPU, or with nothing.
+    fn maybe_vgpu(&mut self, request: &Request) -> Result<Option<VgpuReply>, ClientError> {
+        match self.request(request)? {
+            Reply::Vgpu(vgpu) => Ok(Some(*vgpu)),
+            Reply::Done => Ok(None),
+            _ => Err(self.missing("vgpu")),
         }
     }
 
     /// The node's status.
     pub fn status(&mut self) -> Result<NodeStatus, ClientError> {
-        let reply = self.request(&Request::Status)?;
-        reply.status.ok_or_else(|| self.missing("status"))
+        match self.request(&Request::Status)? {
+            Reply::Status(status) => Ok(*status),
+            _ => Err(self.missing("status")),
+        }
     }
 
     /// Reserves a vGPU for a container that does not exist yet; the reply has its handle.
@@ -173,10 +185,9 @@ impl NodeClient {
         &mut self,
         annotations: &BTreeMap<String, String>,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&Request::Reserve {
+        self.vgpu(&Request::Reserve {
             annotations: annotations.clone(),
-        })?;
-        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+        })
     }
 
     /// Pins a vGPU for ResourceClaim `claim` (its uid) where kube-scheduler placed it; the
@@ -187,12 +198,11 @@ impl NodeClient {
         placement: &Placement,
         annotations: &BTreeMap<String, String>,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&Request::Pin {
+        self.vgpu(&Request::Pin {
             claim: claim.to_owned(),
             placement: placement.clone(),
             annotations: annotations.clone(),
-        })?;
-        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+        })
     }
 
     /// Attaches container `id`, whose init is `pid`, to the reservation made with `handle`;
@@ -219,7 +229,7 @@ impl NodeClient {
         unstarted: bool,
         asked: &BTreeMap<String, String>,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&Request::Attach {
+        self.vgpu(&Request::Attach {
             handle: *handle,
             attachment: Attachment {
                 container: id.to_owned(),
@@ -227,24 +237,24 @@ impl NodeClient {
             },
             unstarted,
             asked: asked.clone(),
-        })?;
-        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+        })
     }
 
     /// The changes of the GPUs' window holders numbered above `since` (0: every one kept).
     pub fn events(&mut self, since: u64) -> Result<EventsReply, ClientError> {
-        let reply = self.request(&Request::Events { since })?;
-        reply.events.ok_or_else(|| self.missing("events"))
+        match self.request(&Request::Events { since })? {
+            Reply::Events(events) => Ok(events),
+            _ => Err(self.missing("events")),
+        }
     }
 
     /// Pins the vGPU of the device plugin's `units` (each `unit` bytes) that the kubelet gave
     /// one container; the reply has its handle and CDI edits, the same for the same units again.
     pub fn allocate(&mut self, units: &[UnitId], unit: u64) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&Request::Allocate {
+        self.vgpu(&Request::Allocate {
             units: units.to_vec(),
             unit,
-        })?;
-        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+        })
     }
 
     /// Reserves a vGPU for the container `id` and attaches it at once (`unstarted` as for
@@ -256,20 +266,19 @@ impl NodeClient {
         annotations: &BTreeMap<String, String>,
         unstarted: bool,
     ) -> Result<VgpuReply, ClientError> {
-        let reply = self.request(&Request::Register {
+        self.vgpu(&Request::Register {
             annotations: annotations.clone(),
             attachment: Attachment {
                 container: id.to_owned(),
                 target: target.clone(),
             },
             unstarted,
-        })?;
-        reply.vgpu.ok_or_else(|| self.missing("vgpu"))
+        })
     }
 
     /// Releases the vGPU `key` names. `None` when there is none.
     pub fn release(&mut self, key: &ReleaseKey) -> Result<Option<VgpuReply>, ClientError> {
-        Ok(self.request(&Request::Release(key.clone()))?.vgpu)
+        self.maybe_vgpu(&Request::Release(key.clone()))
     }
 
     /// Holds a container its user paused (`held`), or lets it go once its user resumed it
@@ -280,7 +289,7 @@ impl NodeClient {
             key: key.clone(),
             held,
         };
-        Ok(self.request(&request)?.vgpu)
+        self.maybe_vgpu(&request)
     }
 
     /// Says that the container of `key` is being sent a stop `signal`: the service thaws it
@@ -294,7 +303,7 @@ impl NodeClient {
             key: key.clone(),
             signal,
         };
-        Ok(self.request(&request)?.vgpu)
+        self.maybe_vgpu(&request)
     }
 
     fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {
@@ -349,7 +358,7 @@ impl NodeClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuplex_scheduler::protocol::parse_request;
+    use crate::protocol::parse_request;
     use std::os::unix::net::UnixListener;
     use std::thread;
 
@@ -512,8 +521,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            (held.id.as_str(), held.container.as_deref()),
-            ("vgpu-3", Some("c1"))
+            (held.id, held.container.as_deref()),
+            (gpuplex_scheduler::VgpuId(3), Some("c1"))
         );
         let err = client
             .hold(&ReleaseKey::Container("c9".into()), false)

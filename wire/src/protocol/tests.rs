@@ -1,10 +1,16 @@
 //! Every request form, every malformed line, and a session of requests against a node.
 
+use std::collections::BTreeMap;
+
+use gpuplex_scheduler::config::SchedulerConfig;
+use gpuplex_scheduler::inventory::Gpu;
+use gpuplex_scheduler::node::{Attachment, ContainerState, Node, Placement, ReleaseKey, Target};
+use gpuplex_scheduler::units::UnitId;
+use gpuplex_scheduler::windows::StopSignal;
+use gpuplex_scheduler::{GpuIndex, Handle, Instant, VgpuId};
+
+use super::node_only::handle;
 use super::*;
-use crate::config::SchedulerConfig;
-use crate::inventory::Gpu;
-use crate::node::ContainerState;
-use crate::GpuIndex;
 
 fn node() -> Node {
     let gpu = Gpu {
@@ -317,7 +323,7 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
             .prop_map(|(units, unit)| Request::Allocate {
                 units: units
                     .into_iter()
-                    .map(|(gpu, n)| crate::units::UnitId {
+                    .map(|(gpu, n)| UnitId {
                         gpu: GpuIndex(gpu),
                         n
                     })
@@ -524,7 +530,7 @@ fn a_session_of_requests_against_a_node() {
         } else {
             Handle::from_bytes(u128::from(ms).to_be_bytes())
         };
-        let reply = n.handle(parse_request(line.as_bytes()).unwrap(), fresh, at(ms));
+        let reply = handle(n, parse_request(line.as_bytes()).unwrap(), fresh, at(ms));
         let text = reply.to_line();
         assert!(
             text.ends_with('\n') && text.matches('\n').count() == 1,
@@ -539,12 +545,12 @@ fn a_session_of_requests_against_a_node() {
         r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi","gpuplex.io/weight":"2","other":"x"}}"#,
         0,
     );
-    assert!(r.ok, "{r:?}");
-    let v = r.vgpu.unwrap();
-    assert_eq!((v.id.as_str(), v.weight, v.container), ("vgpu-1", 2, None));
+    assert!(r.is_ok(), "{r:?}");
+    let v = r.into_vgpu().unwrap();
+    assert_eq!((v.id, v.weight, v.container), (VgpuId(1), 2, None));
     assert_eq!(
-        v.handle.as_deref(),
-        Some(HANDLE),
+        v.handle,
+        Some(fresh()),
         "the reservation's reply has its handle"
     );
     assert_eq!(
@@ -566,7 +572,7 @@ fn a_session_of_requests_against_a_node() {
         9,
     );
     assert!(r
-        .error
+        .refusal()
         .unwrap()
         .contains("no reservation on this node has this handle"));
     let r = ask(
@@ -574,16 +580,16 @@ fn a_session_of_requests_against_a_node() {
         r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
         10,
     );
-    assert_eq!(r.vgpu.unwrap().container.as_deref(), Some("c1"));
+    assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
     // Attaching again is the same answer.
     let again = ask(
         &mut n,
         r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
         11,
     );
-    assert!(again.ok);
+    assert!(again.is_ok());
     assert_eq!(
-        again.vgpu.unwrap().handle,
+        again.into_vgpu().unwrap().handle,
         None,
         "an attach shows no handle"
     );
@@ -593,8 +599,8 @@ fn a_session_of_requests_against_a_node() {
         r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/gpu-memory":"9Gi"}}"#,
         20,
     );
-    assert!(!r.ok);
-    let e = r.error.unwrap();
+    assert!(!r.is_ok());
+    let e = r.refusal().unwrap();
     assert!(
         e.contains("GPU 0") && e.contains("8 GiB"),
         "lists free memory: {e}"
@@ -605,10 +611,13 @@ fn a_session_of_requests_against_a_node() {
         r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/priority":"urgent"}}"#,
         21,
     );
-    assert!(r.error.unwrap().contains("gpuplex.io/priority=`urgent`"));
+    assert!(r
+        .refusal()
+        .unwrap()
+        .contains("gpuplex.io/priority=`urgent`"));
 
     let r = ask(&mut n, r#"{"op":"status"}"#, 30);
-    let status = r.status.unwrap();
+    let status = r.into_status().unwrap();
     assert_eq!(status.containers.len() + status.reservations.len(), 1);
     assert_eq!(status.gpus[0].unreserved, 8 << 30);
 
@@ -618,32 +627,35 @@ fn a_session_of_requests_against_a_node() {
         (r#"{"op":"hold","vgpu":"vgpu-1"}"#, 32),
     ] {
         let r = ask(&mut n, line, ms);
-        assert!(r.ok, "{r:?}");
-        assert_eq!(r.vgpu.unwrap().container.as_deref(), Some("c1"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
     }
     let r = ask(&mut n, r#"{"op":"status"}"#, 33);
     assert_eq!(
-        r.status.unwrap().containers[0].state,
+        r.into_status().unwrap().containers[0].state,
         ContainerState::Paused
     );
     let r = ask(&mut n, r#"{"op":"hold","container":"c9"}"#, 34);
-    assert!(!r.ok);
+    assert!(!r.is_ok());
     assert_eq!(
-        r.error.as_deref(),
+        r.refusal(),
         Some("container c9 is not attached to a vGPU on this node (it was never attached, or it was released)")
     );
     let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 35);
-    assert_eq!(r.vgpu.unwrap().id, "vgpu-1");
+    assert_eq!(r.into_vgpu().unwrap().id, VgpuId(1));
     let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 36);
-    assert!(r.ok, "unholding twice is fine: {r:?}");
+    assert!(r.is_ok(), "unholding twice is fine: {r:?}");
     let r = ask(&mut n, r#"{"op":"status"}"#, 37);
-    assert_eq!(r.status.unwrap().containers[0].state, ContainerState::Idle);
+    assert_eq!(
+        r.into_status().unwrap().containers[0].state,
+        ContainerState::Idle
+    );
 
     let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 40);
-    assert_eq!(r.vgpu.unwrap().id, "vgpu-1");
+    assert_eq!(r.into_vgpu().unwrap().id, VgpuId(1));
     let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 41);
-    assert!(r.ok && r.vgpu.is_none(), "releasing twice is fine: {r:?}");
-    assert_eq!(Reply::error("a\nb").error.as_deref(), Some("a b"));
+    assert!(r == Reply::Done, "releasing twice is fine: {r:?}");
+    assert_eq!(Reply::refused("a\nb").refusal(), Some("a b"));
 }
 
 proptest::proptest! {
@@ -661,7 +673,7 @@ proptest::proptest! {
     fn any_bytes_get_a_reply(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
         match parse_request(&line) {
             Ok(request) => {
-                let reply = node().handle(request, fresh(), at(0));
+                let reply = handle(&mut node(), request, fresh(), at(0));
                 proptest::prop_assert!(reply.to_line().ends_with('\n'));
             }
             Err(e) => proptest::prop_assert!(!e.to_string().contains('\n')),
@@ -681,7 +693,7 @@ proptest::proptest! {
         }
         let line = serde_json::to_vec(&object).unwrap();
         if let Ok(request) = parse_request(&line) {
-            let _ = node().handle(request, fresh(), at(0));
+            let _ = handle(&mut node(), request, fresh(), at(0));
         }
     }
 }
@@ -697,10 +709,10 @@ fn pinning_again_answers_with_the_claims_own_handle() {
         },
         annotations: BTreeMap::new(),
     };
-    let first = node.handle(pin(), fresh(), at(0));
+    let first = handle(&mut node, pin(), fresh(), at(0));
     let other: Handle = "fedcba9876543210fedcba9876543210".parse().unwrap();
-    let again = node.handle(pin(), other, at(1));
-    let handle = |r: &Reply| r.vgpu.as_ref().unwrap().handle.clone().unwrap();
+    let again = handle(&mut node, pin(), other, at(1));
+    let handle = |r: &Reply| r.clone().into_vgpu().unwrap().handle.unwrap().to_string();
     assert_eq!(handle(&first), HANDLE);
     // The retry's fresh draw is not the claim's: its CDI spec keeps attaching.
     assert_eq!(handle(&again), HANDLE);
@@ -709,7 +721,8 @@ fn pinning_again_answers_with_the_claims_own_handle() {
 #[test]
 fn events_tell_each_change_of_a_gpus_window_holder() {
     let mut node = node();
-    let reserved = node.handle(
+    let reserved = handle(
+        &mut node,
         Request::Register {
             annotations: annotations(&[("gpuplex.io/gpu-memory", "1Gi")]),
             attachment: Attachment {
@@ -721,18 +734,18 @@ fn events_tell_each_change_of_a_gpus_window_holder() {
         fresh(),
         at(0),
     );
-    assert!(reserved.ok, "{reserved:?}");
-    let vgpu = reserved.vgpu.unwrap().id;
-    node.observe(vgpu.parse().unwrap(), true, at(1));
+    assert!(reserved.is_ok(), "{reserved:?}");
+    let vgpu = reserved.into_vgpu().unwrap().id;
+    node.observe(vgpu, true, at(1));
     node.decide(at(1));
-    let reply = node.handle(Request::Events { since: 0 }, fresh(), at(2));
-    let events = reply.events.unwrap();
+    let reply = handle(&mut node, Request::Events { since: 0 }, fresh(), at(2));
+    let events = reply.into_events().unwrap();
     assert_eq!(events.first, 1);
     assert_eq!(events.events.len(), 1, "{events:?}");
     let e = &events.events[0];
     assert_eq!((e.seq, e.gpu, e.at_ms), (1, 0, 1));
-    assert_eq!(e.vgpu.as_deref(), Some(vgpu.as_str()));
+    assert_eq!(e.vgpu, Some(vgpu));
     assert_eq!(e.container.as_deref(), Some("c1"));
-    let later = node.handle(Request::Events { since: 1 }, fresh(), at(3));
-    assert!(later.events.unwrap().events.is_empty());
+    let later = handle(&mut node, Request::Events { since: 1 }, fresh(), at(3));
+    assert!(later.into_events().unwrap().events.is_empty());
 }

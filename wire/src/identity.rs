@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gpuplex_scheduler::protocol::VgpuReply;
+use crate::protocol::VgpuReply;
 use gpuplex_scheduler::request::Priority;
 use gpuplex_scheduler::VgpuId;
 use serde::{Deserialize, Serialize};
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Identity {
     /// The vGPU's id (`vgpu-3`).
-    pub vgpu: String,
+    pub vgpu: VgpuId,
     /// The container's id, once known.
     pub container: Option<String>,
     /// The node's name.
@@ -52,7 +52,7 @@ impl Identity {
     /// The identity of a vGPU the node service assigned.
     pub fn of(reply: &VgpuReply, node: &str) -> Identity {
         Identity {
-            vgpu: reply.id.clone(),
+            vgpu: reply.id,
             container: reply.container.clone(),
             node: node.to_string(),
             gpus: reply
@@ -97,10 +97,7 @@ pub fn write(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
 
 fn put(dir: &Path, identity: &Identity, new: bool) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::OpenOptionsExt;
-    let vgpu: VgpuId = identity
-        .vgpu
-        .parse()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let vgpu = identity.vgpu;
     std::fs::create_dir_all(dir)?;
     let path = identity_file(dir, vgpu);
     let mut bytes = serde_json::to_vec_pretty(identity).expect("an identity always serializes");
@@ -146,11 +143,11 @@ pub fn remove(dir: &Path, vgpu: VgpuId) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuplex_scheduler::protocol::AssignedGpu;
+    use crate::protocol::AssignedGpu;
 
     fn reply() -> VgpuReply {
         VgpuReply {
-            id: "vgpu-3".into(),
+            id: VgpuId(3),
             handle: None,
             container: None,
             gpus: vec![AssignedGpu {
@@ -202,9 +199,13 @@ mod tests {
         assert!(create(dir.path(), &identity).is_err());
         assert!(write(dir.path(), &identity).is_err());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
-        // Only a vGPU id names a file.
-        let mut bad = identity.clone();
-        bad.vgpu = "../../../../tmp/x".into();
-        assert!(write(dir.path(), &bad).is_err());
+        // Only a vGPU id names a file: an identity naming anything else does not even read.
+        let mut bad = serde_json::to_value(&identity).unwrap();
+        bad["vgpu"] = "../../../../tmp/x".into();
+        let err = serde_json::from_value::<Identity>(bad).unwrap_err();
+        assert!(
+            err.to_string().contains("a vGPU id such as `vgpu-7`"),
+            "{err}"
+        );
     }
 }

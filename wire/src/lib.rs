@@ -1,0 +1,23 @@
+//! Everything that crosses a process boundary between gpuplex's programs on a node, defined
+//! once for both ends: the node protocol (typed requests and replies), the node socket's
+//! client, `gpuplex.toml` (read and checked once, so that a file one program accepts, they all
+//! accept, and read alike), and the vGPU identity files a container sees.
+//!
+//! - [`protocol`]: the node socket's requests ([`protocol::Request`], written by clients with
+//!   [`protocol::Request::to_line`] and read by the node service with
+//!   [`protocol::parse_request`]) and replies ([`protocol::Reply`], [`protocol::VgpuReply`]),
+//!   with the CDI edits a reservation carries ([`protocol::cdi`]);
+//! - [`socket`]: [`NodeClient`], one request line and one reply line at a time, each answer
+//!   read as the form its request is answered with;
+//! - [`config`]: `gpuplex.toml` ([`config::NodeConfig`]), where it is
+//!   ([`config::config_path`]), every check of every key;
+//! - [`identity`]: the vGPU identity files a container sees at `/run/gpuplex/vgpu.json`,
+//!   written by the hook and the shim, removed by them or by the node service.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod identity;
+pub mod protocol;
+pub mod socket;
+
+pub use socket::{ClientError, NodeClient, DEFAULT_SOCKET};
