@@ -16,17 +16,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuplex_hook::spec::{self, DeviceNode, HookCommand, Injection};
+use gpuplex_node::service::fixture;
 use gpuplex_scheduler::config::SchedulerConfig;
-use gpuplex_scheduler::inventory::Gpu;
-use gpuplex_scheduler::node::Node;
 use gpuplex_scheduler::policy::PolicyConfig;
 use gpuplex_scheduler::quantity::{format_bytes, parse_quantity};
 use gpuplex_scheduler::request::{
     GpuMemory, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, POD_NAMESPACE_KEYS, PREFIX,
 };
 use gpuplex_scheduler::time::{format_duration, parse_duration};
-use gpuplex_scheduler::{GpuIndex, Handle, Instant};
-use gpuplex_wire::protocol::{node_only, parse_request, Reply};
+use gpuplex_scheduler::Handle;
+use gpuplex_wire::protocol::{parse_request, Reply};
 use serde_json::Value;
 
 /// A target's body.
@@ -139,37 +138,22 @@ pub fn annotations(data: &[u8]) {
     }
 }
 
-/// The GPUs of the node that `request_line` sends its requests to.
-fn node() -> Node {
-    let gpu = |i: u32, model: &str, gib: u64| Gpu {
-        index: GpuIndex(i),
-        uuid: format!("GPU-fuzz-{i}"),
-        model: model.into(),
-        memory: gib << 30,
-    };
-    let gpus = vec![
-        gpu(0, "NVIDIA A100-SXM4-80GB", 80),
-        gpu(1, "NVIDIA H100 80GB HBM3", 80),
-    ];
-    let mut node = Node::new(gpus, SchedulerConfig::default()).expect("two good GPUs");
-    node.set_policy(PolicyConfig::default());
-    node
-}
-
 /// `request_line`: the input to `protocol::parse_request` as one line; then split into lines
-/// (at most 64), as the node socket reads them, each parsed and carried out by `gpuplex_wire::protocol::node_only::handle`
-/// on one node of two GPUs under the default `[policy]`, with a decision after each, 1 ms
-/// apart. The handle the node service would draw for line `n` (from 1) is `n` in each of its 16
-/// bytes: `0101…01` for the first, so an input can attach what it reserved.
+/// (at most 64), as the node socket reads them, each parsed and carried out by the node
+/// service's own dispatcher (`Service::handle`) on a service of fixtures
+/// (`gpuplex_node::service::fixture`: one fake GPU, a temporary state directory, fixture
+/// cgroups). The n-th reservation's handle is `n` in each of its 16 bytes: `0101…01` for the
+/// first, so an input can attach what it reserved.
 ///
-/// Also held: a reply is one line of JSON, and an error reply says why in one line.
+/// Also held: a reply is one line of JSON that reads back as itself, and an error reply says why
+/// in one line.
 pub fn request_line(data: &[u8]) {
     if let Err(e) = parse_request(data) {
         one_line("parse_request", e);
     }
-    let mut node = node();
-    let mut now = Instant::from_nanos(1_000_000_000);
-    for (n, line) in (1..=64u8).zip(data.split(|&b| b == b'\n')) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut service = fixture::service(dir.path()).expect("the fixture service");
+    for line in data.split(|&b| b == b'\n').take(64) {
         let request = match parse_request(line) {
             Ok(request) => request,
             Err(e) => {
@@ -177,9 +161,9 @@ pub fn request_line(data: &[u8]) {
                 continue;
             }
         };
-        let reply = node_only::handle(&mut node, request, Handle::from_bytes([n; 16]), now);
+        let reply = service.handle(request);
         if let Some(why) = reply.refusal() {
-            one_line("node_only::handle", why);
+            one_line("Service::handle", why);
         }
         let text = reply.to_line();
         assert!(
@@ -188,8 +172,6 @@ pub fn request_line(data: &[u8]) {
         );
         let back: Reply = serde_json::from_str(&text).expect("a reply reads back");
         assert_eq!(back, reply, "a reply reads back as itself");
-        node.decide(now);
-        now = Instant::from_nanos(now.as_nanos() + 1_000_000);
     }
 }
 

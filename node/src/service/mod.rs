@@ -22,12 +22,15 @@
 mod cdi;
 mod enforce;
 mod exits;
+pub mod fixture;
 mod leftovers;
 mod recover;
 mod requests;
 mod socket;
 pub mod stop;
 mod stopping;
+#[cfg(test)]
+mod tests;
 mod unstarted;
 pub mod watchdog;
 
@@ -37,7 +40,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use gpuplex_scheduler::node::{Node, NodeStatus};
-use gpuplex_scheduler::{Instant, VgpuId};
+use gpuplex_scheduler::{Handle, Instant, VgpuId};
 use gpuplex_wire::protocol::{Reply, Request};
 
 use crate::activity::{ActivitySampler, ActivitySource, Watched};
@@ -132,7 +135,13 @@ pub struct Service {
     watchdog: Option<Watchdog>,
     /// The exits of containers' processes (`None`: no epoll; the sweep sees them).
     exit_watch: Option<exits::ExitWatch>,
+    /// Where new reservations' handles come from: the kernel's random source
+    /// ([`requests::fresh_handle`]), or a sequence a test predicts.
+    handles: HandleSource,
 }
+
+/// Where a service draws the handles of new reservations.
+pub type HandleSource = Box<dyn FnMut() -> Result<Handle, String> + Send>;
 
 /// How long a start waits for the node lock (the watchdog of a service that just died holds it
 /// while it thaws).
@@ -284,7 +293,14 @@ impl Service {
                     tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}")
                 })
                 .ok(),
+            handles: Box::new(requests::fresh_handle),
         })
+    }
+
+    /// Draws new reservations' handles from `handles` instead of the kernel's random source:
+    /// for tests and the fuzz target, whose requests attach what they reserved.
+    pub fn draw_handles_from(&mut self, handles: HandleSource) {
+        self.handles = handles;
     }
 
     /// Restarts the watchdog if it exited; without one, nothing is frozen.

@@ -82,7 +82,7 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let handle = match fresh_handle() {
+        let handle = match (self.handles)() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
@@ -114,7 +114,7 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let fresh = match fresh_handle() {
+        let fresh = match (self.handles)() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
@@ -156,7 +156,7 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let fresh = match fresh_handle() {
+        let fresh = match (self.handles)() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
@@ -255,7 +255,7 @@ impl Service {
             Ok(c) => c,
             Err(e) => return Reply::refused(e),
         };
-        let handle = match fresh_handle() {
+        let handle = match (self.handles)() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };

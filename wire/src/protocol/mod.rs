@@ -67,8 +67,6 @@
 //! reply; none of them changes anything. Ids and handles in a reply are typed ([`VgpuReply`]):
 //! a reply naming a malformed one does not read.
 
-#[doc(hidden)]
-pub mod node_only;
 mod parse;
 mod reply;
 mod request;

@@ -1,30 +1,14 @@
-//! Every request form, every malformed line, and a session of requests against a node.
+//! Every request form, every malformed line, and replies read back; what the node service does
+//! with each request is tested where it does it (`node/src/service/tests.rs`).
 
 use std::collections::BTreeMap;
 
-use gpuplex_scheduler::config::SchedulerConfig;
-use gpuplex_scheduler::inventory::Gpu;
-use gpuplex_scheduler::node::{Attachment, ContainerState, Node, Placement, ReleaseKey, Target};
+use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::windows::StopSignal;
-use gpuplex_scheduler::{GpuIndex, Handle, Instant, VgpuId};
+use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
-use super::node_only::handle;
 use super::*;
-
-fn node() -> Node {
-    let gpu = Gpu {
-        index: GpuIndex(0),
-        uuid: "GPU-fake-0".into(),
-        model: "Fake GPU".into(),
-        memory: 16 << 30,
-    };
-    Node::new(vec![gpu], SchedulerConfig::default()).unwrap()
-}
-
-fn at(ms: u64) -> Instant {
-    Instant::from_nanos(ms * 1_000_000)
-}
 
 /// The handle the tests reserve with.
 const HANDLE: &str = "0123456789abcdef0123456789abcdef";
@@ -520,144 +504,6 @@ fn every_malformed_line_gets_its_own_one_line_error() {
     );
 }
 
-#[test]
-fn a_session_of_requests_against_a_node() {
-    let mut n = node();
-    let ask = |n: &mut Node, line: &str, ms: u64| {
-        // The first reservation (at 0 ms) gets HANDLE, later ones a handle of their instant.
-        let fresh = if ms == 0 {
-            fresh()
-        } else {
-            Handle::from_bytes(u128::from(ms).to_be_bytes())
-        };
-        let reply = handle(n, parse_request(line.as_bytes()).unwrap(), fresh, at(ms));
-        let text = reply.to_line();
-        assert!(
-            text.ends_with('\n') && text.matches('\n').count() == 1,
-            "{text}"
-        );
-        let back: Reply = serde_json::from_str(&text).unwrap();
-        assert_eq!(back, reply);
-        reply
-    };
-    let r = ask(
-        &mut n,
-        r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi","gpuplex.io/weight":"2","other":"x"}}"#,
-        0,
-    );
-    assert!(r.is_ok(), "{r:?}");
-    let v = r.into_vgpu().unwrap();
-    assert_eq!((v.id, v.weight, v.container), (VgpuId(1), 2, None));
-    assert_eq!(
-        v.handle,
-        Some(fresh()),
-        "the reservation's reply has its handle"
-    );
-    assert_eq!(
-        v.gpus,
-        vec![AssignedGpu {
-            index: 0,
-            uuid: "GPU-fake-0".into(),
-            model: "Fake GPU".into(),
-            memory: 8 << 30,
-            device: None,
-            fake: false,
-        }]
-    );
-
-    // The vGPU's id attaches nothing; its handle does.
-    let r = ask(
-        &mut n,
-        r#"{"op":"attach","handle":"ffffffffffffffffffffffffffffffff","container":"c1","pid":42}"#,
-        9,
-    );
-    assert!(r
-        .refusal()
-        .unwrap()
-        .contains("no reservation on this node has this handle"));
-    let r = ask(
-        &mut n,
-        r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
-        10,
-    );
-    assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
-    // Attaching again is the same answer.
-    let again = ask(
-        &mut n,
-        r#"{"op":"attach","handle":"0123456789abcdef0123456789abcdef","container":"c1","pid":42}"#,
-        11,
-    );
-    assert!(again.is_ok());
-    assert_eq!(
-        again.into_vgpu().unwrap().handle,
-        None,
-        "an attach shows no handle"
-    );
-
-    let r = ask(
-        &mut n,
-        r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/gpu-memory":"9Gi"}}"#,
-        20,
-    );
-    assert!(!r.is_ok());
-    let e = r.refusal().unwrap();
-    assert!(
-        e.contains("GPU 0") && e.contains("8 GiB"),
-        "lists free memory: {e}"
-    );
-
-    let r = ask(
-        &mut n,
-        r#"{"op":"register","container":"c2","pid":43,"annotations":{"gpuplex.io/priority":"urgent"}}"#,
-        21,
-    );
-    assert!(r
-        .refusal()
-        .unwrap()
-        .contains("gpuplex.io/priority=`urgent`"));
-
-    let r = ask(&mut n, r#"{"op":"status"}"#, 30);
-    let status = r.into_status().unwrap();
-    assert_eq!(status.containers.len() + status.reservations.len(), 1);
-    assert_eq!(status.gpus[0].unreserved, 8 << 30);
-
-    // Holds: by container or vGPU, idempotent, the vGPU in the reply; paused in the status.
-    for (line, ms) in [
-        (r#"{"op":"hold","container":"c1"}"#, 31),
-        (r#"{"op":"hold","vgpu":"vgpu-1"}"#, 32),
-    ] {
-        let r = ask(&mut n, line, ms);
-        assert!(r.is_ok(), "{r:?}");
-        assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
-    }
-    let r = ask(&mut n, r#"{"op":"status"}"#, 33);
-    assert_eq!(
-        r.into_status().unwrap().containers[0].state,
-        ContainerState::Paused
-    );
-    let r = ask(&mut n, r#"{"op":"hold","container":"c9"}"#, 34);
-    assert!(!r.is_ok());
-    assert_eq!(
-        r.refusal(),
-        Some("container c9 is not attached to a vGPU on this node (it was never attached, or it was released)")
-    );
-    let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 35);
-    assert_eq!(r.into_vgpu().unwrap().id, VgpuId(1));
-    let r = ask(&mut n, r#"{"op":"unhold","container":"c1"}"#, 36);
-    assert!(r.is_ok(), "unholding twice is fine: {r:?}");
-    let r = ask(&mut n, r#"{"op":"status"}"#, 37);
-    assert_eq!(
-        r.into_status().unwrap().containers[0].state,
-        ContainerState::Idle
-    );
-
-    let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 40);
-    assert_eq!(r.into_vgpu().unwrap().id, VgpuId(1));
-    let r = ask(&mut n, r#"{"op":"release","container":"c1"}"#, 41);
-    assert!(r == Reply::Done, "releasing twice is fine: {r:?}");
-    assert_eq!(Reply::refused("a\nb").refusal(), Some("a b"));
-}
-
 proptest::proptest! {
     /// Every request a client writes is one line, and the service reads it as that request.
     #[test]
@@ -667,85 +513,36 @@ proptest::proptest! {
         proptest::prop_assert_eq!(parse_request(line.trim_end_matches('\n').as_bytes()), Ok(request));
     }
 
-    /// Whatever arrives on the socket, reading it never panics and an error is one line; and a
-    /// node handling whatever parses never panics either.
+    /// Whatever arrives on the socket, reading it never panics and an error is one line (the
+    /// node service's own tests carry out whatever parses: `node/src/service/tests.rs`).
     #[test]
-    fn any_bytes_get_a_reply(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
-        match parse_request(&line) {
-            Ok(request) => {
-                let reply = handle(&mut node(), request, fresh(), at(0));
-                proptest::prop_assert!(reply.to_line().ends_with('\n'));
-            }
-            Err(e) => proptest::prop_assert!(!e.to_string().contains('\n')),
-        }
-    }
-
-    /// The same for JSON objects with a known operation and arbitrary fields.
-    #[test]
-    fn any_fields_get_a_reply(
-        op in proptest::sample::select(OPERATIONS.to_vec()),
-        fields in proptest::collection::btree_map("[a-z]{1,10}", "[a-z0-9/.-]{0,12}", 0..5),
-    ) {
-        let mut object = serde_json::Map::new();
-        object.insert("op".into(), op.into());
-        for (k, v) in fields {
-            object.insert(k, v.into());
-        }
-        let line = serde_json::to_vec(&object).unwrap();
-        if let Ok(request) = parse_request(&line) {
-            let _ = handle(&mut node(), request, fresh(), at(0));
+    fn any_bytes_read_or_get_a_one_line_error(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+        if let Err(e) = parse_request(&line) {
+            proptest::prop_assert!(!e.to_string().contains('\n'));
         }
     }
 }
 
 #[test]
-fn pinning_again_answers_with_the_claims_own_handle() {
-    let mut node = node();
-    let pin = || Request::Pin {
-        claim: "claim-1".into(),
-        placement: Placement {
-            gpus: vec![GpuIndex(0)],
-            memory: 4 << 30,
-        },
-        annotations: BTreeMap::new(),
-    };
-    let first = handle(&mut node, pin(), fresh(), at(0));
-    let other: Handle = "fedcba9876543210fedcba9876543210".parse().unwrap();
-    let again = handle(&mut node, pin(), other, at(1));
-    let handle = |r: &Reply| r.clone().into_vgpu().unwrap().handle.unwrap().to_string();
-    assert_eq!(handle(&first), HANDLE);
-    // The retry's fresh draw is not the claim's: its CDI spec keeps attaching.
-    assert_eq!(handle(&again), HANDLE);
-}
-
-#[test]
-fn events_tell_each_change_of_a_gpus_window_holder() {
-    let mut node = node();
-    let reserved = handle(
-        &mut node,
-        Request::Register {
-            annotations: annotations(&[("gpuplex.io/gpu-memory", "1Gi")]),
-            attachment: Attachment {
-                container: "c1".into(),
-                target: Target::Pid(7),
-            },
-            unstarted: false,
-        },
-        fresh(),
-        at(0),
+fn a_reply_is_one_line_that_reads_back_as_itself() {
+    assert_eq!(Reply::refused("a\nb ").refusal(), Some("a b"));
+    assert_eq!(
+        Reply::refused("  ").refusal(),
+        Some("the gpuplex node service refused the request without saying why")
     );
-    assert!(reserved.is_ok(), "{reserved:?}");
-    let vgpu = reserved.into_vgpu().unwrap().id;
-    node.observe(vgpu, true, at(1));
-    node.decide(at(1));
-    let reply = handle(&mut node, Request::Events { since: 0 }, fresh(), at(2));
-    let events = reply.into_events().unwrap();
-    assert_eq!(events.first, 1);
-    assert_eq!(events.events.len(), 1, "{events:?}");
-    let e = &events.events[0];
-    assert_eq!((e.seq, e.gpu, e.at_ms), (1, 0, 1));
-    assert_eq!(e.vgpu, Some(vgpu));
-    assert_eq!(e.container.as_deref(), Some("c1"));
-    let later = handle(&mut node, Request::Events { since: 1 }, fresh(), at(3));
-    assert!(later.into_events().unwrap().events.is_empty());
+    for (reply, line) in [
+        (Reply::Done, r#"{"ok":true}"#),
+        (Reply::refused("no"), r#"{"ok":false,"error":"no"}"#),
+    ] {
+        assert_eq!(reply.to_line(), format!("{line}\n"));
+        assert_eq!(serde_json::from_str::<Reply>(line).unwrap(), reply);
+    }
+    let both = r#"{"ok":true,"events":{"first":1,"events":[]},"status":null,"vgpu":{"id":"vgpu-1","gpus":[],"weight":1,"priority":"normal"}}"#;
+    let err = serde_json::from_str::<Reply>(both).unwrap_err().to_string();
+    assert!(err.contains("at most one of"), "{err}");
+    let bad_id = r#"{"ok":true,"vgpu":{"id":"../etc","gpus":[],"weight":1,"priority":"normal"}}"#;
+    let err = serde_json::from_str::<Reply>(bad_id)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("a vGPU id such as `vgpu-7`"), "{err}");
 }

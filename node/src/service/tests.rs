@@ -1,0 +1,295 @@
+//! The node service's dispatcher, [`Service::handle`], driven as production drives it, without
+//! root, over [`fixture`]s: a fake GPU, a temporary state directory and fixture cgroups. Each
+//! request goes in as the line a client writes and its reply comes back as the line the socket
+//! sends.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+
+use gpuplex_scheduler::node::{ContainerState, Placement};
+use gpuplex_scheduler::{GpuIndex, VgpuId};
+use gpuplex_wire::protocol::{parse_request, AssignedGpu, DeviceNode, Reply, Request, OPERATIONS};
+
+use super::{fixture, Service};
+
+/// The handle of the first reservation of a [`Fixture`]; the n-th gets `n` in each byte.
+const FIRST: &str = "01010101010101010101010101010101";
+
+/// A service on one fake GPU of 16 GiB, over a temporary directory ([`fixture::service`]).
+struct Fixture {
+    dir: tempfile::TempDir,
+    service: Service,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let service = fixture::service(dir.path()).unwrap();
+        Fixture { dir, service }
+    }
+
+    /// A container's fixture cgroup, by name.
+    fn cgroup(&self, name: &str) -> PathBuf {
+        fixture::cgroup(self.dir.path(), name).unwrap()
+    }
+
+    /// Sends `line` as a client would and returns the reply the socket would send, read back.
+    fn ask(&mut self, line: &str) -> Reply {
+        let request = parse_request(line.as_bytes()).unwrap();
+        let reply = self.service.handle(request);
+        let text = reply.to_line();
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text}"
+        );
+        let back: Reply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, reply);
+        reply
+    }
+
+    /// The vGPU files in the state directory.
+    fn saved(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(self.dir.path().join("state"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("vgpu-"))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+#[test]
+fn a_session_of_requests_against_the_service() {
+    let mut f = Fixture::new();
+    let c1 = f.cgroup("c1");
+    let c2 = f.cgroup("c2");
+    let r = f.ask(
+        r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi","gpuplex.io/weight":"2","other":"x"}}"#,
+    );
+    let v = r.into_vgpu().expect("reserved");
+    let id = v.id;
+    assert_eq!((v.weight, v.container), (2, None));
+    assert_eq!(
+        v.handle.map(|h| h.to_string()).as_deref(),
+        Some(FIRST),
+        "the reservation's reply has its handle"
+    );
+    assert_eq!(
+        v.gpus,
+        vec![AssignedGpu {
+            index: 0,
+            uuid: "GPU-fake-0".into(),
+            model: "Fake GPU".into(),
+            memory: 8 << 30,
+            device: Some(DeviceNode {
+                path: f.dir.path().join("nvidia0"),
+                major: 195,
+                minor: 0,
+            }),
+            fake: true,
+        }]
+    );
+    assert_eq!(f.saved(), [format!("{id}.json")], "saved before the reply");
+
+    // The vGPU's id attaches nothing; its handle does.
+    let attach = |handle: &str, container: &str, cgroup: &PathBuf| {
+        format!(
+            r#"{{"op":"attach","handle":"{handle}","container":"{container}","cgroup":{cgroup:?}}}"#
+        )
+    };
+    let r = f.ask(&attach("ffffffffffffffffffffffffffffffff", "c1", &c1));
+    assert!(
+        (r.refusal().unwrap()).contains("no reservation on this node has this handle"),
+        "{r:?}"
+    );
+    let r = f.ask(&attach(FIRST, "c1", &c1));
+    assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
+    // Attaching again is the same answer, without the handle.
+    let again = f.ask(&attach(FIRST, "c1", &c1));
+    assert_eq!(
+        again.into_vgpu().unwrap().handle,
+        None,
+        "an attach shows no handle"
+    );
+    // Another container's cgroup cannot be attached to it, nor its own to another vGPU.
+    let r = f.ask(&format!(
+        r#"{{"op":"register","container":"c3","cgroup":{c1:?},"annotations":{{"gpuplex.io/gpu-memory":"1Gi"}}}}"#
+    ));
+    assert!(r.refusal().is_some(), "{r:?}");
+
+    let r = f.ask(&format!(
+        r#"{{"op":"register","container":"c2","cgroup":{c2:?},"annotations":{{"gpuplex.io/gpu-memory":"9Gi"}}}}"#
+    ));
+    let e = r.refusal().unwrap();
+    assert!(
+        e.contains("GPU 0") && e.contains("8 GiB"),
+        "lists free memory: {e}"
+    );
+    let r = f.ask(&format!(
+        r#"{{"op":"register","container":"c2","cgroup":{c2:?},"annotations":{{"gpuplex.io/priority":"urgent"}}}}"#
+    ));
+    assert!(r
+        .refusal()
+        .unwrap()
+        .contains("gpuplex.io/priority=`urgent`"));
+    assert_eq!(f.saved().len(), 1, "a refusal leaves nothing behind");
+
+    let status = f.ask(r#"{"op":"status"}"#).into_status().unwrap();
+    assert_eq!(status.containers.len() + status.reservations.len(), 1);
+    assert_eq!(status.gpus[0].unreserved, 8 << 30);
+
+    // Holds: by container or vGPU, idempotent, the vGPU in the reply; paused in the status.
+    let by_vgpu = format!(r#"{{"op":"hold","vgpu":"{id}"}}"#);
+    for line in [r#"{"op":"hold","container":"c1"}"#, by_vgpu.as_str()] {
+        let r = f.ask(line);
+        assert_eq!(r.into_vgpu().unwrap().container.as_deref(), Some("c1"));
+    }
+    let status = f.ask(r#"{"op":"status"}"#).into_status().unwrap();
+    assert_eq!(status.containers[0].state, ContainerState::Paused);
+    let r = f.ask(r#"{"op":"hold","container":"c9"}"#);
+    assert_eq!(
+        r.refusal(),
+        Some("container c9 is not attached to a vGPU on this node (it was never attached, or it was released)")
+    );
+    assert_eq!(
+        f.ask(r#"{"op":"unhold","container":"c1"}"#)
+            .into_vgpu()
+            .unwrap()
+            .id,
+        id
+    );
+    let r = f.ask(r#"{"op":"unhold","container":"c1"}"#);
+    assert!(r.is_ok(), "unholding twice is fine: {r:?}");
+    let status = f.ask(r#"{"op":"status"}"#).into_status().unwrap();
+    assert_eq!(status.containers[0].state, ContainerState::Idle);
+
+    let r = f.ask(r#"{"op":"release","container":"c1"}"#);
+    assert_eq!(r.into_vgpu().unwrap().id, id);
+    assert!(f.saved().is_empty(), "its file is gone");
+    let r = f.ask(r#"{"op":"release","container":"c1"}"#);
+    assert_eq!(r, Reply::Done, "releasing twice is fine");
+}
+
+#[test]
+fn a_registration_shows_its_handle_once_and_only_to_its_container() {
+    let mut f = Fixture::new();
+    let c1 = f.cgroup("c1");
+    let register = |container: &str| {
+        format!(
+            r#"{{"op":"register","container":"{container}","cgroup":{c1:?},"annotations":{{"gpuplex.io/gpu-memory":"1Gi"}}}}"#
+        )
+    };
+    let first = f.ask(&register("c1")).into_vgpu().unwrap();
+    assert_eq!(first.handle.map(|h| h.to_string()).as_deref(), Some(FIRST));
+    // A hook that runs at two stages registers twice: the same vGPU, no handle.
+    let again = f.ask(&register("c1")).into_vgpu().unwrap();
+    assert_eq!((again.id, again.handle), (first.id, None));
+    // Another id with the same cgroup gets nothing of it.
+    let other = f.ask(&register("c2"));
+    assert!(other.refusal().is_some(), "{other:?}");
+    assert_eq!(f.saved(), [format!("{}.json", first.id)]);
+}
+
+#[test]
+fn a_cgroup_outside_the_freezer_hierarchy_is_refused_and_nothing_is_kept() {
+    let mut f = Fixture::new();
+    let outside = f.dir.path().join("elsewhere");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("freezer.state"), "THAWED\n").unwrap();
+    for path in [
+        outside,
+        f.dir.path().join("freezer"),
+        f.dir.path().join("freezer/../freezer"),
+    ] {
+        let r = f.ask(&format!(
+            r#"{{"op":"register","container":"c1","cgroup":{path:?},"annotations":{{"gpuplex.io/gpu-memory":"1Gi"}}}}"#
+        ));
+        assert!(r.refusal().is_some(), "{path:?}: {r:?}");
+    }
+    assert!(f.saved().is_empty());
+    let status = f.ask(r#"{"op":"status"}"#).into_status().unwrap();
+    assert_eq!(status.gpus[0].unreserved, 16 << 30);
+}
+
+#[test]
+fn pinning_again_answers_with_the_claims_own_handle() {
+    let mut f = Fixture::new();
+    let pin = || Request::Pin {
+        claim: "claim-1".into(),
+        placement: Placement {
+            gpus: vec![GpuIndex(0)],
+            memory: 4 << 30,
+        },
+        annotations: BTreeMap::new(),
+    };
+    let first = f.service.handle(pin()).into_vgpu().unwrap();
+    // The retry's fresh draw (the second) is not the claim's: its CDI spec keeps attaching.
+    let again = f.service.handle(pin()).into_vgpu().unwrap();
+    assert_eq!(first.handle.map(|h| h.to_string()).as_deref(), Some(FIRST));
+    assert_eq!((again.id, again.handle), (first.id, first.handle));
+    assert_eq!(f.saved().len(), 1);
+}
+
+#[test]
+fn events_tell_each_change_of_a_gpus_window_holder() {
+    let mut f = Fixture::new();
+    let c1 = f.cgroup("c1");
+    let registered = f.ask(&format!(
+        r#"{{"op":"register","container":"c1","cgroup":{c1:?},"annotations":{{"gpuplex.io/gpu-memory":"1Gi"}}}}"#
+    ));
+    let vgpu: VgpuId = registered.into_vgpu().unwrap().id;
+    let before = crate::state::unix_ms(std::time::SystemTime::now());
+    let now = f.service.now();
+    f.service.node.observe(vgpu, true, now);
+    f.service.node.decide(now);
+    let events = f.ask(r#"{"op":"events","since":0}"#).into_events().unwrap();
+    assert_eq!(events.first, 1);
+    assert_eq!(events.events.len(), 1, "{events:?}");
+    let e = &events.events[0];
+    assert_eq!(
+        (e.seq, e.gpu, e.vgpu, e.container.as_deref()),
+        (1, 0, Some(vgpu), Some("c1"))
+    );
+    let after = crate::state::unix_ms(std::time::SystemTime::now());
+    assert!(
+        (before.saturating_sub(5)..=after).contains(&e.at_ms),
+        "at {} ms, not within {before}..={after}",
+        e.at_ms
+    );
+    let later = f.ask(r#"{"op":"events","since":1}"#).into_events().unwrap();
+    assert!(later.events.is_empty());
+}
+
+proptest::proptest! {
+    /// Whatever parses, the service carries out without panicking, and answers with one line
+    /// that reads back as itself.
+    #[test]
+    fn any_request_gets_a_reply(line in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+        if let Ok(request) = parse_request(&line) {
+            let reply = Fixture::new().service.handle(request);
+            let text = reply.to_line();
+            proptest::prop_assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+        }
+    }
+
+    /// The same for JSON objects with a known operation and arbitrary fields.
+    #[test]
+    fn any_fields_get_a_reply(
+        op in proptest::sample::select(OPERATIONS.to_vec()),
+        fields in proptest::collection::btree_map("[a-z]{1,10}", "[a-z0-9/.-]{0,12}", 0..5),
+    ) {
+        let mut object = serde_json::Map::new();
+        object.insert("op".into(), op.into());
+        for (k, v) in fields {
+            object.insert(k, v.into());
+        }
+        let line = serde_json::to_vec(&object).unwrap();
+        if let Ok(request) = parse_request(&line) {
+            let reply = Fixture::new().service.handle(request);
+            let back: Reply = serde_json::from_str(&reply.to_line()).unwrap();
+            proptest::prop_assert_eq!(back, reply);
+        }
+    }
+}
