@@ -34,13 +34,19 @@ all: build
 build:
 	$(CARGO) build --release --workspace --locked
 
-demo: test-deps build
+# make demo builds only what it runs: as root the node service (the shim's binary), the hook
+# and gpuplexctl; without root the simulator. Not the DRA driver (kube, tonic) nor the tests.
+DEMO_BINS = -p gpuplex-shim --bin containerd-shim-gpuplex-v1 -p gpuplex-hook --bin gpuplex-hook \
+	-p gpuplex-ctl --bin gpuplexctl
+demo: test-deps
 	@if [ "$$(id -u)" = 0 ]; then \
+		$(CARGO) build --release --locked $(DEMO_BINS) && \
 		bash tests/demo.sh; \
 	else \
 		echo "make demo runs podman containers and needs root (sudo make demo)."; \
 		echo "Meanwhile, the scheduler core simulated (no container, no GPU is touched):"; \
 		echo; \
+		$(CARGO) build --release --locked -p gpuplex-scheduler --bin gpuplex-sim && \
 		./target/release/gpuplex-sim --timeline $(DEMO_SCENARIO); \
 	fi
 
