@@ -14,7 +14,8 @@
 //!   Specs are read by gpuplex's own reader: `spec.rs` (serde types of CDI's spec, unknown
 //!   fields refused, YAML or JSON) and `validate.rs` (versions, kind and device names,
 //!   annotations, container edits: the rules of the reference `container-device-interface`
-//!   crate, a little stricter on paths); the node links none of the crate's dependencies (JSON
+//!   crate, a little stricter on paths), which the tests run beside that crate over a corpus of
+//!   specs (`agreement_tests.rs`); the node links none of the crate's dependencies (JSON
 //!   schema, HTTP, TLS, CLI), only a YAML parser. A spec of another kind is skipped without
 //!   validation (another vendor's broken spec is not gpuplex's business); a file whose kind
 //!   cannot be read at all is an error, since it may be the one we need. CDI's precedence: for
@@ -40,6 +41,10 @@ mod spec;
 mod validate;
 mod version;
 
+#[cfg(test)]
+mod agreement_corpus;
+#[cfg(test)]
+mod agreement_tests;
 #[cfg(test)]
 mod tests;
 
