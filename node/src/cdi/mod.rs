@@ -11,12 +11,16 @@
 //!
 //! - [`CdiRegistry::load`] reads the `*.yaml`/`*.json` files of the spec directories (not their
 //!   subdirectories), in directory order then file name order, and keeps the specs of one kind.
-//!   Specs are parsed and validated by the `container-device-interface` crate (`parse_spec`,
-//!   `new_spec`: serde with unknown fields refused, the CDI JSON schema, versions, names). A spec
-//!   of another kind is skipped without validation (another vendor's broken spec is not
-//!   gpuplex's business); a file whose kind cannot be read at all is an error, since it may be
-//!   the one we need. CDI's precedence: for the same device name a later directory overrides an
-//!   earlier one; two files of one directory defining the same name is an error naming both.
+//!   Specs are read by gpuplex's own reader: `spec.rs` (serde types of CDI's spec, unknown
+//!   fields refused, YAML or JSON) and `validate.rs` (versions, kind and device names,
+//!   annotations, container edits: the rules of the reference `container-device-interface`
+//!   crate, a little stricter on paths), which the tests run beside that crate over a corpus of
+//!   specs (`agreement_tests.rs`); the node links none of the crate's dependencies (JSON
+//!   schema, HTTP, TLS, CLI), only a YAML parser. A spec of another kind is skipped without
+//!   validation (another vendor's broken spec is not gpuplex's business); a file whose kind
+//!   cannot be read at all is an error, since it may be the one we need. CDI's precedence: for
+//!   the same device name a later directory overrides an earlier one; two files of one
+//!   directory defining the same name is an error naming both.
 //! - [`CdiRegistry::edits_for`] picks the edits for an assignment, as the protocol's plain
 //!   [`CdiEdits`]: the spec-wide edits of each spec that supplies one of the chosen devices
 //!   (once, in order of first use), then each GPU's device edits in the order given.
@@ -25,13 +29,22 @@
 //!
 //! The node service (`service/cdi.rs`) loads the registry and sends each reservation's
 //! [`CdiEdits`] in its reply; the hook (`gpuplex_hook::cdi::apply`) only applies them, so only
-//! this crate links the CDI crate and its YAML, JSON schema and HTTP dependencies. This
-//! directory depends on nothing else of the node service's.
+//! this crate reads CDI specs and links a YAML parser. This directory depends on nothing else
+//! of the node service's.
 //!
 //! Every error's `Display` is one line naming the file, device or GPU at fault.
 //!
 //! [CDI]: https://github.com/cncf-tags/container-device-interface/blob/main/SPEC.md
 
+mod names;
+mod spec;
+mod validate;
+mod version;
+
+#[cfg(test)]
+mod agreement_corpus;
+#[cfg(test)]
+mod agreement_tests;
 #[cfg(test)]
 mod tests;
 
@@ -40,11 +53,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use container_device_interface::specs::config::ContainerEdits as RawContainerEdits;
 use gpuplex_wire::config::DEFAULT_SPEC_DIRS;
-use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
-use serde::Deserialize;
-use serde_json::Value;
+use gpuplex_wire::protocol::cdi::{CdiEdits, CdiHook, CdiMount};
 
 /// The device every NVIDIA spec has for all GPUs at once; gpuplex never applies it.
 pub const ALL_DEVICE: &str = "all";
@@ -70,7 +80,7 @@ pub enum CdiError {
         /// Why.
         source: io::Error,
     },
-    /// A spec file that does not parse, or that the CDI crate does not accept.
+    /// A spec file that does not parse, or that is not a valid CDI spec.
     #[error("CDI spec {}: {reason}", path.display())]
     Spec {
         /// The file.
@@ -159,48 +169,43 @@ struct SpecEdits {
     unsupported: Vec<&'static str>,
 }
 
-/// The crate's `ContainerEdits` as serde writes it (most of its fields are private to it).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct WireEdits {
-    #[serde(default)]
-    env: Option<Vec<String>>,
-    #[serde(default)]
-    device_nodes: Option<Vec<CdiDeviceNode>>,
-    #[serde(default)]
-    mounts: Option<Vec<CdiMount>>,
-    #[serde(default)]
-    hooks: Option<Vec<CdiHook>>,
-    #[serde(default)]
-    additional_gids: Option<Vec<u32>>,
-    #[serde(default)]
-    net_devices: Option<Vec<Value>>,
-    #[serde(default)]
-    intel_rdt: Option<Value>,
-}
-
 impl SpecEdits {
-    /// Reads the crate's edits through serde: the crate keeps the fields of its device nodes,
-    /// mounts and hooks private.
-    fn from_crate(raw: &RawContainerEdits) -> Result<SpecEdits, String> {
-        let value = serde_json::to_value(raw).map_err(|err| err.to_string())?;
-        let wire: WireEdits = serde_json::from_value(value).map_err(|err| err.to_string())?;
+    /// The edits of a validated spec, in the protocol's form.
+    fn from_spec(edits: &spec::ContainerEdits) -> SpecEdits {
         let mut unsupported = Vec::new();
-        if wire.net_devices.is_some_and(|devices| !devices.is_empty()) {
+        if edits
+            .net_devices
+            .as_ref()
+            .is_some_and(|nets| !nets.is_empty())
+        {
             unsupported.push("netDevices");
         }
-        if wire.intel_rdt.is_some_and(|rdt| !rdt.is_null()) {
+        if edits.intel_rdt.is_some() {
             unsupported.push("intelRdt");
         }
+        let device_nodes = edits.device_nodes.iter().flatten().cloned();
+        let mounts = edits.mounts.iter().flatten().map(|mount| CdiMount {
+            host_path: mount.host_path.clone(),
+            container_path: mount.container_path.clone(),
+            mount_type: mount.mount_type.clone(),
+            options: mount.options.clone().unwrap_or_default(),
+        });
+        let hooks = edits.hooks.iter().flatten().map(|hook| CdiHook {
+            hook_name: hook.hook_name.clone(),
+            path: hook.path.clone(),
+            args: hook.args.clone().unwrap_or_default(),
+            env: hook.env.clone().unwrap_or_default(),
+            timeout: hook.timeout,
+        });
         let edits = CdiEdits {
-            env: wire.env.unwrap_or_default(),
-            device_nodes: wire.device_nodes.unwrap_or_default(),
-            mounts: wire.mounts.unwrap_or_default(),
-            hooks: wire.hooks.unwrap_or_default(),
-            additional_gids: wire.additional_gids.unwrap_or_default(),
+            env: edits.env.clone().unwrap_or_default(),
+            device_nodes: device_nodes.collect(),
+            mounts: mounts.collect(),
+            hooks: hooks.collect(),
+            additional_gids: edits.additional_gids.clone().unwrap_or_default(),
             ..CdiEdits::default()
         };
-        Ok(SpecEdits { edits, unsupported })
+        SpecEdits { edits, unsupported }
     }
 }
 
@@ -239,7 +244,7 @@ fn spec_files(dir: &Path) -> Result<Option<Vec<PathBuf>>, CdiError> {
     for entry in entries {
         let path = entry.map_err(dir_error)?.path();
         let is_dir = fs::metadata(&path).is_ok_and(|meta| meta.is_dir());
-        if !is_dir && container_device_interface::utils::is_cdi_spec(&path) {
+        if !is_dir && spec::is_spec_file_name(&path) {
             files.push(path);
         }
     }
@@ -247,45 +252,8 @@ fn spec_files(dir: &Path) -> Result<Option<Vec<PathBuf>>, CdiError> {
     Ok(Some(files))
 }
 
-/// The causes of an error of the crate (an `anyhow::Error`), joined by `: ` on one line,
-/// without the crate's contexts that only dump an edit with `{:?}` (the cause after them names
-/// the field at fault).
-fn chain<E>(err: &E) -> String
-where
-    E: std::ops::Deref<Target = dyn std::error::Error + Send + Sync + 'static>,
-{
-    let mut causes: Vec<String> = Vec::new();
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**err);
-    while let Some(cause) = next {
-        causes.push(one_line(&cause.to_string()));
-        next = cause.source();
-    }
-    let last = causes.len().saturating_sub(1);
-    let mut kept: Vec<String> = Vec::new();
-    for (i, cause) in causes.into_iter().enumerate() {
-        let dump = cause.starts_with("invalid container edits with ") && i < last;
-        if !dump && kept.last() != Some(&cause) {
-            kept.push(cause);
-        }
-    }
-    kept.join(": ")
-}
-
-/// Why the crate refused a spec's device, which its `new_device` reduces to `invalid device
-/// "0"`: the device's edits checked again with the crate's own `Validate`.
-fn device_detail(raw: &container_device_interface::specs::config::Spec) -> Option<String> {
-    use container_device_interface::container_edits::{ContainerEdits, Validate};
-    let value = serde_json::to_value(raw).ok()?;
-    value["devices"].as_array()?.iter().find_map(|device| {
-        let name = device["name"].as_str().unwrap_or_default();
-        let container_edits = serde_json::from_value(device["containerEdits"].clone()).ok()?;
-        let err = ContainerEdits { container_edits }.validate().err()?;
-        Some(format!("device {name:?}: {}", chain(&err)))
-    })
-}
-
-/// Reads one spec file: its kind first, leniently, then (when it is `kind`) strictly, with
-/// the crate's parser and validation.
+/// Reads one spec file: its kind first, leniently, then (when it is `kind`) strictly, and
+/// validates it.
 fn read_spec(path: &Path, dir: usize, kind: &str) -> Result<Read, CdiError> {
     let spec_error = |reason: String| CdiError::Spec {
         path: path.to_path_buf(),
@@ -295,39 +263,27 @@ fn read_spec(path: &Path, dir: usize, kind: &str) -> Result<Read, CdiError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let document = container_device_interface::schema::document_value(&bytes)
-        .map_err(|err| spec_error(format!("not YAML or JSON: {}", chain(&err))))?;
-    let Some(found) = document.get("kind").and_then(Value::as_str) else {
-        return Err(spec_error(
-            "not a CDI spec: it has no \"kind\" string".to_owned(),
-        ));
-    };
+    let found = spec::kind_of(&bytes).map_err(|err| spec_error(err.to_string()))?;
     if found != kind {
-        return Ok(Read::Other(found.to_owned()));
+        return Ok(Read::Other(found));
     }
-    let path_buf = path.to_path_buf();
-    let raw = container_device_interface::spec::parse_spec(&path_buf)
-        .map_err(|err| spec_error(format!("does not parse: {}", chain(&err))))?;
-    let priority = i32::try_from(dir).unwrap_or(i32::MAX);
-    let spec =
-        container_device_interface::spec::new_spec(&raw, &path_buf, priority).map_err(|err| {
-            let why = device_detail(&raw).unwrap_or_else(|| chain(&err));
-            spec_error(format!("not a valid CDI spec: {why}"))
-        })?;
-    let convert = |raw: &RawContainerEdits, what: &str| {
-        SpecEdits::from_crate(raw).map_err(|err| spec_error(format!("{what}: {err}")))
-    };
-    let edits = match &spec.cdi_spec.container_edits {
-        Some(raw) => convert(raw, "spec-wide containerEdits")?,
+    let parsed = spec::parse(&bytes).map_err(|err| spec_error(err.to_string()))?;
+    validate::validate(&parsed)
+        .map_err(|err| spec_error(format!("not a valid CDI spec: {err}")))?;
+    let edits = match &parsed.container_edits {
+        Some(edits) => SpecEdits::from_spec(edits),
         None => SpecEdits::default(),
     };
-    let mut devices = BTreeMap::new();
-    for (name, device) in &spec.devices {
-        let edits = convert(&device.edits().container_edits, name)?;
-        devices.insert(name.clone(), edits);
-    }
+    let devices = parsed
+        .devices
+        .iter()
+        .map(|device| {
+            let edits = SpecEdits::from_spec(&device.container_edits);
+            (device.name.clone(), edits)
+        })
+        .collect();
     Ok(Read::Ours(Box::new(SpecFile {
-        path: path_buf,
+        path: path.to_path_buf(),
         dir,
         edits,
         devices,
