@@ -52,11 +52,11 @@ pub fn bin(name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // The crates each binary is built from.
     let crates: &[&str] = match name {
-        "gpuplex-hook" => &["scheduler", "client", "cgroup", "hook"],
-        "gpuplexctl" => &["scheduler", "client", "ctl"],
-        "gpuplex-dra" => &["scheduler", "client", "cgroup", "hook", "dra"],
+        "gpuplex-hook" => &["scheduler", "wire", "cgroup", "hook"],
+        "gpuplexctl" => &["scheduler", "wire", "ctl"],
+        "gpuplex-dra" => &["scheduler", "wire", "cgroup", "hook", "dra"],
         "gpuplex-sim" => &["scheduler"],
-        _ => &["scheduler", "client", "cgroup", "hook", "node", "shim"],
+        _ => &["scheduler", "wire", "cgroup", "hook", "node", "shim"],
     };
     for krate in crates {
         if let Some(newer) = newer_than(&root.join(krate).join("src"), built) {
