@@ -11,10 +11,10 @@ use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, DeleteResponse, ExitSignal, Flags, Shim, StartOpts};
 
 use super::events::timestamp;
+use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
 use super::runtime::{OciRuntime, Runc};
 use super::service::TaskService;
-use super::vgpu::NodeLink;
 
 /// The annotation by which CRI groups a pod's containers into one shim.
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";

@@ -29,8 +29,8 @@ use runc::options::{CreateOpts, ExecOpts};
 
 use super::TaskService;
 use crate::task::events::{EventSink, Publish, PublishError};
+use crate::task::node_link::NodeLink;
 use crate::task::runtime::{OciRuntime, RuntimeError, RuntimeFor};
-use crate::task::vgpu::NodeLink;
 
 /// What happened, in order: the runtime's calls and the events published.
 #[derive(Debug, Default)]
