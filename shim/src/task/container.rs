@@ -12,12 +12,11 @@ use runc::options::{CreateOpts, ExecOpts};
 use super::bundle::{self, BundleSpec};
 use super::classify::{classify, VgpuOrigin};
 use super::error::TaskError;
-use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
 use super::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use super::stdio::{PendingStdio, StdioPaths};
-use super::vgpu::{Vgpu, VgpuError};
+use super::vgpu::{Node, Vgpu, VgpuError};
 use gpuplex_cgroup::{FreezerCgroup, Hierarchies};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
@@ -86,7 +85,7 @@ impl Container {
         options: RuntimeOptions,
         namespace: &str,
         runtime_for: &RuntimeFor,
-        node: &NodeLink,
+        node: &dyn Node,
     ) -> Result<Container, TaskError> {
         let bundle = PathBuf::from(&req.bundle);
         let rootfs = bundle.join("rootfs");
@@ -160,7 +159,7 @@ impl Container {
         &mut self,
         origin: VgpuOrigin,
         spec: &BundleSpec,
-        node: &NodeLink,
+        node: &dyn Node,
     ) -> Result<(), VgpuError> {
         let (vgpu, bytes, to_run) = match origin {
             VgpuOrigin::NoVgpu => return Ok(()),
@@ -237,14 +236,14 @@ impl Container {
     }
 
     /// Undoes a failed create: the vGPU, the rootfs mount.
-    fn undo(&mut self, node: &NodeLink) {
+    fn undo(&mut self, node: &dyn Node) {
         self.release_vgpu(node);
         self.unmount();
     }
 
     /// Lets go of the container's vGPU: releases it if the shim reserved it (a claim's or an
     /// allocation's is theirs to release).
-    fn release_vgpu(&mut self, node: &NodeLink) {
+    fn release_vgpu(&mut self, node: &dyn Node) {
         if let Some(vgpu) = self.vgpu.take().filter(|v| !v.pinned) {
             node.release(&vgpu.handle);
         }
@@ -425,7 +424,7 @@ impl Container {
     /// `Pause` and `Resume`. A container with a vGPU is held by the node service first (it
     /// then never thaws it) and let go only after runc has resumed it, so that the scheduler
     /// cannot undo the user's pause in between.
-    pub fn set_paused(&self, paused: bool, node: &NodeLink) -> Result<(), TaskError> {
+    pub fn set_paused(&self, paused: bool, node: &dyn Node) -> Result<(), TaskError> {
         let held = self.vgpu.is_some();
         if paused && held {
             node.hold(&self.id, true).map_err(TaskError::Vgpu)?;
@@ -480,7 +479,7 @@ impl Container {
     }
 
     /// `Delete` of init: `runc delete`, the rootfs unmounted, the vGPU released. Its exit.
-    pub fn delete(&mut self, node: &NodeLink) -> (u32, SystemTime) {
+    pub fn delete(&mut self, node: &dyn Node) -> (u32, SystemTime) {
         let _ = self.runc.delete(&self.id);
         if let Some(io) = &self.init.io {
             io.close_stdin();

@@ -9,8 +9,8 @@
 //! - [`options`]: the runtime options containerd's clients send, decoded;
 //! - [`bundle`]: the bundle's config.json, read once per `Create` as a hostile file;
 //!   [`classify`]: where a container's vGPU comes from, decided from that spec alone;
-//! - [`vgpu`]: a container's vGPU as the shim holds it; [`node_link`]: the node service, from
-//!   the shim's side: reserve and edit, attach, hold, release;
+//! - [`vgpu`]: the node service, from the shim's side, behind one trait (reserve and edit,
+//!   attach, hold, release); [`node_link`]: that trait over the real node socket;
 //! - [`runtime`]: what the service has the OCI runtime do, one trait in front of runc;
 //! - [`spawner`]: runc's invocations, waited for through the shim's reaper;
 //! - [`metrics`]: `Stats`, from the container's cgroup files; [`oom`]: OOM kills as events;

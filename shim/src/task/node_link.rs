@@ -1,4 +1,4 @@
-//! [`NodeLink`]: what the shim asks of the node service, on its socket. The node
+//! [`NodeLink`]: the shim's [`Node`] in production, the node service on its socket. The node
 //! service is started, as a daemon of this binary, the first time a container needs it and it
 //! is not running.
 
@@ -16,7 +16,7 @@ use gpuplex_wire::config::{config_path, CONFIG_ENV};
 use gpuplex_wire::identity::{self, Identity};
 use gpuplex_wire::NodeClient;
 
-use super::vgpu::{Reservation, Vgpu, VgpuError, SERVICE_START};
+use super::vgpu::{Node, Reservation, Vgpu, VgpuError, SERVICE_START};
 
 /// Where the node service is, and what this shim tells it.
 #[derive(Debug)]
@@ -128,12 +128,8 @@ impl NodeLink {
     }
 }
 
-impl NodeLink {
-    /// Reserves a vGPU for a container that asks for one by its `gpuplex.io/` annotations
-    /// (`spec`: its config.json as containerd wrote it) and edits the spec for it; starts the
-    /// node service if it is absent. `None` when the spec asks for no vGPU after all. On
-    /// failure nothing stays reserved.
-    pub fn reserve(&self, spec: &[u8]) -> Result<Option<Reservation>, VgpuError> {
+impl Node for NodeLink {
+    fn reserve(&self, spec: &[u8]) -> Result<Option<Reservation>, VgpuError> {
         let ctx = self.ctx()?;
         self.ensure_service(ctx)?;
         let prepared = stages::prepare(ctx, spec).map_err(VgpuError::Refused)?;
@@ -143,14 +139,11 @@ impl NodeLink {
         }))
     }
 
-    /// Makes sure the node service answers, starting it if it is absent: before a container
-    /// attaches to a vGPU pinned for it (a claim's, an allocation's).
-    pub fn ensure_running(&self) -> Result<(), VgpuError> {
+    fn ensure_running(&self) -> Result<(), VgpuError> {
         self.ensure_service(self.ctx()?)
     }
 
-    /// Attaches container `id`, whose init is `pid` (created, not started), to `vgpu`.
-    pub fn attach(&self, vgpu: &Vgpu, id: &str, pid: u32) -> Result<(), VgpuError> {
+    fn attach(&self, vgpu: &Vgpu, id: &str, pid: u32) -> Result<(), VgpuError> {
         let ctx = self.ctx()?;
         let mut client = NodeClient::connect(&ctx.socket)?;
         let attached = client
@@ -165,9 +158,7 @@ impl NodeLink {
         Ok(())
     }
 
-    /// Holds container `id` out of scheduling while its user has it paused (`held`), or lets
-    /// it back in.
-    pub fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError> {
+    fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError> {
         let mut client = NodeClient::connect(&self.ctx()?.socket)?;
         let key = ReleaseKey::Container(id.to_owned());
         client
@@ -180,9 +171,7 @@ impl NodeLink {
             })
     }
 
-    /// Tells the node service that container `id` is being sent a stop signal; best effort:
-    /// the service also sees a stop signal pending in a container it froze.
-    pub fn stopping(&self, id: &str, signal: StopSignal) {
+    fn stopping(&self, id: &str, signal: StopSignal) {
         let Some((_, mut client)) = self.client() else {
             return;
         };
@@ -192,15 +181,11 @@ impl NodeLink {
         }
     }
 
-    /// Releases the vGPU reserved with `handle`; best effort: the service also releases a
-    /// container whose processes are gone.
-    pub fn release(&self, handle: &Handle) {
+    fn release(&self, handle: &Handle) {
         self.release_by(&ReleaseKey::Handle(*handle));
     }
 
-    /// Releases the vGPU of container `id` (the shim's `delete` after its daemon died, when
-    /// the handle died with it); best effort.
-    pub fn release_container(&self, id: &str) {
+    fn release_container(&self, id: &str) {
         self.release_by(&ReleaseKey::Container(id.to_owned()));
     }
 }

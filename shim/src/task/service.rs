@@ -37,7 +37,7 @@ use super::options::RuntimeOptions;
 use super::process::{go_zero_time, Lifecycle, Process};
 use super::runtime::{Runc, RuntimeFor};
 use super::stdio::StdioPaths;
-use super::vgpu::stop_signal;
+use super::vgpu::{stop_signal, Node};
 
 type TtrpcResult<T> = ttrpc::Result<T>;
 
@@ -51,7 +51,7 @@ struct Shared {
     events: Arc<EventSink>,
     namespace: String,
     runtime_for: RuntimeFor,
-    node: NodeLink,
+    node: Arc<dyn Node>,
     exit: Arc<ExitSignal>,
 }
 
@@ -73,7 +73,7 @@ impl TaskService {
         let service = TaskService::with_parts(
             events,
             Runc::runtime_for(),
-            NodeLink::from_env(),
+            Arc::new(NodeLink::from_env()),
             namespace,
             exit,
         );
@@ -86,7 +86,7 @@ impl TaskService {
     pub fn with_parts(
         events: EventSink,
         runtime_for: RuntimeFor,
-        node: NodeLink,
+        node: Arc<dyn Node>,
         namespace: &str,
         exit: Arc<ExitSignal>,
     ) -> TaskService {
@@ -185,8 +185,8 @@ impl TaskService {
             .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
     }
 
-    fn node(&self) -> &NodeLink {
-        &self.shared.node
+    fn node(&self) -> &dyn Node {
+        &*self.shared.node
     }
 
     fn with<T>(

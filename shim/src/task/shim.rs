@@ -15,6 +15,7 @@ use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
 use super::runtime::{OciRuntime, Runc};
 use super::service::TaskService;
+use super::vgpu::Node;
 
 /// The annotation by which CRI groups a pod's containers into one shim.
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";

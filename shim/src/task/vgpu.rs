@@ -1,6 +1,7 @@
-//! The shim's side of a container's vGPU: the vGPU a container holds from `Create` to `Delete`
-//! ([`Vgpu`]), and why it could not get one ([`VgpuError`]); the node service is asked by
-//! [`NodeLink`](super::node_link::NodeLink).
+//! The shim's side of a container's vGPU: what it asks of the node service, behind one trait
+//! ([`Node`]; [`NodeLink`](super::node_link::NodeLink) talks to the real one, a stub in the task
+//! service's tests records the calls), and the vGPU a container holds from `Create` to
+//! `Delete` ([`Vgpu`]).
 //!
 //! Which vGPU a container gets is decided from its spec alone ([`super::classify`]):
 //!
@@ -33,6 +34,32 @@ use super::classify::SpecRefusal;
 
 /// How long a node service started by the shim has to answer.
 pub const SERVICE_START: Duration = Duration::from_secs(5);
+
+/// What the shim asks of the node service, each call about one container.
+pub trait Node: Send + Sync {
+    /// Reserves a vGPU for a container that asks for one by its `gpuplex.io/` annotations
+    /// (`spec`: its config.json as containerd wrote it) and edits the spec for it; starts the
+    /// node service if it is absent. `None` when the spec asks for no vGPU after all. On
+    /// failure nothing stays reserved.
+    fn reserve(&self, spec: &[u8]) -> Result<Option<Reservation>, VgpuError>;
+    /// Makes sure the node service answers, starting it if it is absent: before a container
+    /// attaches to a vGPU pinned for it (a claim's, an allocation's).
+    fn ensure_running(&self) -> Result<(), VgpuError>;
+    /// Attaches container `id`, whose init is `pid` (created, not started), to `vgpu`.
+    fn attach(&self, vgpu: &Vgpu, id: &str, pid: u32) -> Result<(), VgpuError>;
+    /// Holds container `id` out of scheduling while its user has it paused (`held`), or lets
+    /// it back in.
+    fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError>;
+    /// Tells the node service that container `id` is being sent a stop signal; best effort:
+    /// the service also sees a stop signal pending in a container it froze.
+    fn stopping(&self, id: &str, signal: StopSignal);
+    /// Releases the vGPU reserved with `handle`; best effort: the service also releases a
+    /// container whose processes are gone.
+    fn release(&self, handle: &Handle);
+    /// Releases the vGPU of container `id` (the shim's `delete` after its daemon died, when
+    /// the handle died with it); best effort.
+    fn release_container(&self, id: &str);
+}
 
 /// A vGPU reserved for a container that does not exist yet, and its spec edited for it.
 #[derive(Debug)]

@@ -251,7 +251,7 @@ impl Shim {
         let service = TaskService::with_parts(
             events,
             runtime_for,
-            NodeLink::from_env(),
+            Arc::new(NodeLink::from_env()),
             "default",
             Arc::clone(&exit),
         );
