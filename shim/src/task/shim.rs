@@ -10,6 +10,7 @@ use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, DeleteResponse, ExitSignal, Flags, Shim, StartOpts};
 
+use super::bundle;
 use super::events::timestamp;
 use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
@@ -72,7 +73,8 @@ impl Shim for GpuplexShim {
     }
 
     fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
-        let config = std::fs::read("config.json").unwrap_or_default();
+        // The bundle is the working directory; its config.json read as a hostile file.
+        let config = bundle::read_bounded(Path::new("config.json")).unwrap_or_default();
         let group = grouping(&opts.id, &config);
         let address = opts.socket_address(&group);
         if serving(&address) {
