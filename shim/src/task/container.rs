@@ -1,6 +1,6 @@
 //! One container of this shim and what runc does to it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,12 +9,14 @@ use containerd_shim::api::CreateTaskRequest;
 use containerd_shim::protos::shim::oci::Options as RuncV1Options;
 use runc::options::{CreateOpts, ExecOpts};
 
+use super::bundle::{self, BundleSpec};
+use super::classify::{classify, VgpuOrigin};
 use super::error::TaskError;
 use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
 use super::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use super::stdio::{PendingStdio, StdioPaths};
-use super::vgpu::{NodeLink, Reserved};
+use super::vgpu::{Node, Vgpu, VgpuError};
 use gpuplex_cgroup::{FreezerCgroup, Hierarchies};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
@@ -31,8 +33,8 @@ pub struct Container {
     pub init: Process,
     /// Its exec processes, by exec id.
     pub execs: HashMap<String, Process>,
-    /// Its vGPU's id, if it asked for one.
-    pub vgpu: Option<Reserved>,
+    /// Its vGPU, if it has one.
+    pub vgpu: Option<Vgpu>,
     /// Whether the shim mounted its rootfs (and so unmounts it).
     mounted_rootfs: bool,
     /// The `CUDA_VISIBLE_DEVICES=...` entry its vGPU gave its init, which its execs get too
@@ -45,29 +47,6 @@ pub struct Container {
     pub oom: Option<super::oom::OomWatch>,
     /// Its init's `/proc/PID/cgroup` once created (`None`: unreadable), for `Stats`.
     pub proc_cgroup: Option<String>,
-}
-
-/// The bundle's config.json as containerd wrote it, read once per `Create` for what the shim
-/// itself needs of it (`Value::Null` when it cannot be read).
-fn bundle_spec(bundle: &Path) -> serde_json::Value {
-    std::fs::read(bundle.join("config.json"))
-        .ok()
-        .and_then(|c| serde_json::from_slice(&c).ok())
-        .unwrap_or(serde_json::Value::Null)
-}
-
-/// Whether `spec` puts init in a PID namespace it shares: false only for a `pid` namespace of
-/// its own (no path); true for the host's (none listed), one joined by path, or a config that
-/// cannot be read (containerd's runc shim reads it the same way).
-fn shares_pid_namespace(spec: &serde_json::Value) -> bool {
-    if spec.is_null() {
-        return true;
-    }
-    let own = spec["linux"]["namespaces"].as_array().is_some_and(|list| {
-        list.iter()
-            .any(|ns| ns["type"] == "pid" && ns["path"].as_str().is_none_or(str::is_empty))
-    });
-    !own
 }
 
 /// A failed `runc kill` of init, as containerd's runc shim reads it: a process that is gone is
@@ -98,19 +77,21 @@ fn pid_file(path: &Path) -> Result<u32, TaskError> {
 }
 
 impl Container {
-    /// `Create`: mounts the rootfs, gives the container its vGPU if it asks for one, and runs
-    /// `runc create`. Undone entirely on failure.
+    /// `Create`: reads the bundle's spec and decides where the container's vGPU comes from
+    /// (refused before anything is done), mounts the rootfs, gives the container its vGPU, runs
+    /// `runc create` and attaches the container. Undone entirely on failure.
     pub fn create(
         req: &CreateTaskRequest,
         options: RuntimeOptions,
         namespace: &str,
         runtime_for: &RuntimeFor,
-        node: &NodeLink,
+        node: &dyn Node,
     ) -> Result<Container, TaskError> {
         let bundle = PathBuf::from(&req.bundle);
         let rootfs = bundle.join("rootfs");
-        let spec = bundle_spec(&bundle);
-        let options = options.for_cgroups_path(spec["linux"]["cgroupsPath"].as_str());
+        let spec = BundleSpec::read(&bundle).map_err(|e| TaskError::Vgpu(e.into()))?;
+        let origin = classify(&spec.value).map_err(|e| TaskError::Vgpu(e.into()))?;
+        let options = options.for_cgroups_path(bundle::cgroups_path(&spec.value));
         let mut container = Container {
             id: req.id.clone(),
             runc: runtime_for(&options, namespace, &bundle)?,
@@ -129,7 +110,7 @@ impl Container {
             vgpu: None,
             mounted_rootfs: false,
             visible_devices: None,
-            shares_pid_namespace: shares_pid_namespace(&spec),
+            shares_pid_namespace: bundle::shares_pid_namespace(&spec.value),
             oom: None,
             proc_cgroup: None,
         };
@@ -152,15 +133,9 @@ impl Container {
             })?;
             container.mounted_rootfs = true;
         }
-        container.vgpu = match node.prepare(&bundle) {
-            Ok(vgpu) => vgpu,
-            Err(why) => {
-                container.undo(node);
-                return Err(TaskError::Vgpu(why));
-            }
-        };
-        if container.vgpu.is_some() {
-            container.visible_devices = visible_devices(&bundle);
+        if let Err(why) = container.take_vgpu(origin, &spec, node) {
+            container.undo(node);
+            return Err(TaskError::Vgpu(why));
         }
         if let Err(e) = container.runc_create() {
             container.undo(node);
@@ -174,6 +149,61 @@ impl Container {
             }
         }
         Ok(container)
+    }
+
+    /// Gives the container the vGPU `origin` says, and writes the spec it runs with to the
+    /// bundle: reserved by annotations (`spec` edited for it), or pinned for it already (`spec`
+    /// without the attach step). A failure leaves [`Container::vgpu`] set to what is to be
+    /// undone.
+    fn take_vgpu(
+        &mut self,
+        origin: VgpuOrigin,
+        spec: &BundleSpec,
+        node: &dyn Node,
+    ) -> Result<(), VgpuError> {
+        let (vgpu, bytes, to_run) = match origin {
+            VgpuOrigin::NoVgpu => return Ok(()),
+            VgpuOrigin::Annotations(asked) => {
+                tracing::debug!("{} asks for a vGPU: {asked:?}", self.id);
+                let Some(reservation) = node.reserve(&spec.bytes)? else {
+                    return Ok(());
+                };
+                let vgpu = Vgpu {
+                    handle: reservation.handle,
+                    asked: BTreeMap::new(),
+                    pinned: false,
+                };
+                // The hook library's edit, parsed for the environment the execs get too.
+                let edited = serde_json::from_slice(&reservation.spec).unwrap_or_default();
+                (vgpu, reservation.spec, edited)
+            }
+            VgpuOrigin::Claim { handle, spec } => {
+                node.ensure_running()?;
+                let vgpu = Vgpu {
+                    handle,
+                    asked: BTreeMap::new(),
+                    pinned: true,
+                };
+                (vgpu, serialized(&self.bundle, &spec)?, spec)
+            }
+            VgpuOrigin::Allocation {
+                handle,
+                asked,
+                spec,
+            } => {
+                node.ensure_running()?;
+                let vgpu = Vgpu {
+                    handle,
+                    asked,
+                    pinned: true,
+                };
+                (vgpu, serialized(&self.bundle, &spec)?, spec)
+            }
+        };
+        self.vgpu = Some(vgpu);
+        bundle::write_spec(&self.bundle, &bytes)?;
+        self.visible_devices = bundle::visible_devices(&to_run);
+        Ok(())
     }
 
     fn runc_create(&mut self) -> Result<(), TaskError> {
@@ -206,11 +236,17 @@ impl Container {
     }
 
     /// Undoes a failed create: the vGPU, the rootfs mount.
-    fn undo(&mut self, node: &NodeLink) {
-        if let Some(vgpu) = self.vgpu.take() {
-            node.release(&vgpu);
-        }
+    fn undo(&mut self, node: &dyn Node) {
+        self.release_vgpu(node);
         self.unmount();
+    }
+
+    /// Lets go of the container's vGPU: releases it if the shim reserved it (a claim's or an
+    /// allocation's is theirs to release).
+    fn release_vgpu(&mut self, node: &dyn Node) {
+        if let Some(vgpu) = self.vgpu.take().filter(|v| !v.pinned) {
+            node.release(&vgpu.handle);
+        }
     }
 
     fn unmount(&mut self) {
@@ -388,7 +424,7 @@ impl Container {
     /// `Pause` and `Resume`. A container with a vGPU is held by the node service first (it
     /// then never thaws it) and let go only after runc has resumed it, so that the scheduler
     /// cannot undo the user's pause in between.
-    pub fn set_paused(&self, paused: bool, node: &NodeLink) -> Result<(), TaskError> {
+    pub fn set_paused(&self, paused: bool, node: &dyn Node) -> Result<(), TaskError> {
         let held = self.vgpu.is_some();
         if paused && held {
             node.hold(&self.id, true).map_err(TaskError::Vgpu)?;
@@ -443,15 +479,13 @@ impl Container {
     }
 
     /// `Delete` of init: `runc delete`, the rootfs unmounted, the vGPU released. Its exit.
-    pub fn delete(&mut self, node: &NodeLink) -> (u32, SystemTime) {
+    pub fn delete(&mut self, node: &dyn Node) -> (u32, SystemTime) {
         let _ = self.runc.delete(&self.id);
         if let Some(io) = &self.init.io {
             io.close_stdin();
         }
         self.unmount();
-        if let Some(reserved) = self.vgpu.take() {
-            node.release(&reserved);
-        }
+        self.release_vgpu(node);
         match self.init.lifecycle.get() {
             Lifecycle::Stopped { status, at } => (status, at),
             _ => (137, SystemTime::now()),
@@ -459,16 +493,14 @@ impl Container {
     }
 }
 
-/// The `CUDA_VISIBLE_DEVICES` entry of the bundle's (edited) config.json.
-fn visible_devices(bundle: &Path) -> Option<String> {
-    let config = std::fs::read(bundle.join("config.json")).ok()?;
-    let config: serde_json::Value = serde_json::from_slice(&config).ok()?;
-    config["process"]["env"]
-        .as_array()?
-        .iter()
-        .filter_map(|e| e.as_str())
-        .find(|e| e.starts_with("CUDA_VISIBLE_DEVICES="))
-        .map(str::to_owned)
+/// `spec` as the bytes the config.json of bundle `dir` is written with.
+fn serialized(dir: &Path, spec: &serde_json::Value) -> Result<Vec<u8>, VgpuError> {
+    serde_json::to_vec(spec).map_err(|e| {
+        VgpuError::Bundle(bundle::BundleError::Write {
+            path: dir.join("config.json"),
+            source: e.into(),
+        })
+    })
 }
 
 /// How long an exec waits for its container's window; a window comes round within one round of

@@ -7,7 +7,10 @@
 //! - [`container`]: one container and what runc does to it; [`process`]: a process's lifecycle;
 //! - [`stdio`]: the fifos containerd names, the pipes or terminal the process gets, the copying;
 //! - [`options`]: the runtime options containerd's clients send, decoded;
-//! - [`vgpu`]: the node service, from the shim's side: reserve and edit, attach, release;
+//! - [`bundle`]: the bundle's config.json, read once per `Create` as a hostile file;
+//!   [`classify`]: where a container's vGPU comes from, decided from that spec alone;
+//! - [`vgpu`]: the node service, from the shim's side, behind one trait (reserve and edit,
+//!   attach, hold, release); [`node_link`]: that trait over the real node socket;
 //! - [`runtime`]: what the service has the OCI runtime do, one trait in front of runc;
 //! - [`spawner`]: runc's invocations, waited for through the shim's reaper;
 //! - [`metrics`]: `Stats`, from the container's cgroup files; [`oom`]: OOM kills as events;
@@ -17,11 +20,14 @@
 //! runs it; one with them gets the spec edit of podman's precreate hook
 //! (`gpuplex_hook::stages::precreate`, without the hooks: the shim attaches and releases it).
 
+mod bundle;
+mod classify;
 mod container;
 mod daemon;
 mod error;
 mod events;
 mod metrics;
+mod node_link;
 mod oom;
 mod options;
 mod process;

@@ -32,11 +32,12 @@ use containerd_shim::{ExitSignal, Task, TtrpcContext};
 use super::container::{wait_thawed, Container, EXEC_WINDOW_WAIT};
 use super::error::TaskError;
 use super::events::{timestamp, EventSink, Remote, RETRY_AFTER};
+use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
 use super::process::{go_zero_time, Lifecycle, Process};
 use super::runtime::{Runc, RuntimeFor};
 use super::stdio::StdioPaths;
-use super::vgpu::NodeLink;
+use super::vgpu::{stop_signal, Node};
 
 type TtrpcResult<T> = ttrpc::Result<T>;
 
@@ -50,7 +51,7 @@ struct Shared {
     events: Arc<EventSink>,
     namespace: String,
     runtime_for: RuntimeFor,
-    node: NodeLink,
+    node: Arc<dyn Node>,
     exit: Arc<ExitSignal>,
 }
 
@@ -72,7 +73,7 @@ impl TaskService {
         let service = TaskService::with_parts(
             events,
             Runc::runtime_for(),
-            NodeLink::from_env(),
+            Arc::new(NodeLink::from_env()),
             namespace,
             exit,
         );
@@ -85,7 +86,7 @@ impl TaskService {
     pub fn with_parts(
         events: EventSink,
         runtime_for: RuntimeFor,
-        node: NodeLink,
+        node: Arc<dyn Node>,
         namespace: &str,
         exit: Arc<ExitSignal>,
     ) -> TaskService {
@@ -184,8 +185,8 @@ impl TaskService {
             .send(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event));
     }
 
-    fn node(&self) -> &NodeLink {
-        &self.shared.node
+    fn node(&self) -> &dyn Node {
+        &*self.shared.node
     }
 
     fn with<T>(
@@ -550,8 +551,9 @@ impl Task for TaskService {
         self.with(&req.id, |c| {
             // A container frozen between its windows takes no signal until it is thawed: the
             // node service thaws it and keeps it out of windows while it stops.
-            if req.exec_id.is_empty() && c.vgpu.is_some() {
-                node.stopping(&c.id, req.signal);
+            let told = stop_signal(req.signal).filter(|_| req.exec_id.is_empty());
+            if let (Some(signal), Some(_)) = (told, &c.vgpu) {
+                node.stopping(&c.id, signal);
             }
             c.kill(&req.exec_id, req.signal, req.all)
         })?;

@@ -10,11 +10,13 @@ use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, DeleteResponse, ExitSignal, Flags, Shim, StartOpts};
 
+use super::bundle;
 use super::events::timestamp;
+use super::node_link::NodeLink;
 use super::options::RuntimeOptions;
 use super::runtime::{OciRuntime, Runc};
 use super::service::TaskService;
-use super::vgpu::NodeLink;
+use super::vgpu::Node;
 
 /// The annotation by which CRI groups a pod's containers into one shim.
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
@@ -71,7 +73,8 @@ impl Shim for GpuplexShim {
     }
 
     fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
-        let config = std::fs::read("config.json").unwrap_or_default();
+        // The bundle is the working directory; its config.json read as a hostile file.
+        let config = bundle::read_bounded(Path::new("config.json")).unwrap_or_default();
         let group = grouping(&opts.id, &config);
         let address = opts.socket_address(&group);
         if serving(&address) {

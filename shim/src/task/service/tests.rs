@@ -30,7 +30,7 @@ use runc::options::{CreateOpts, ExecOpts};
 use super::TaskService;
 use crate::task::events::{EventSink, Publish, PublishError};
 use crate::task::runtime::{OciRuntime, RuntimeError, RuntimeFor};
-use crate::task::vgpu::NodeLink;
+use vgpu::StubNode;
 
 /// What happened, in order: the runtime's calls and the events published.
 #[derive(Debug, Default)]
@@ -101,6 +101,8 @@ struct Stub {
     failing: Mutex<HashMap<&'static str, String>>,
     /// Exits reaped as soon as an exec starts, as a `true` exec's would be.
     quick_execs: Mutex<Option<i32>>,
+    /// The environment of the last exec started.
+    exec_env: Mutex<Vec<String>>,
     reaper: OnceLock<TaskService>,
 }
 
@@ -122,6 +124,7 @@ impl Stub {
             next_pid: AtomicU32::new(FIRST_PID),
             failing: Mutex::new(HashMap::new()),
             quick_execs: Mutex::new(None),
+            exec_env: Mutex::new(Vec::new()),
             reaper: OnceLock::new(),
         })
     }
@@ -163,6 +166,7 @@ impl OciRuntime for Stub {
     fn exec(&self, id: &str, process: &Process, opts: &ExecOpts) -> Result<(), RuntimeError> {
         let args = process.args().clone().unwrap_or_default().join(" ");
         self.call("exec", format!("exec {id} {args}"))?;
+        *self.exec_env.lock().unwrap() = process.env().clone().unwrap_or_default();
         let pid = self.new_pid(&opts.pid_file);
         if let Some(code) = *self.quick_execs.lock().unwrap() {
             let service = self.reaper.get().expect("the service").clone();
@@ -208,6 +212,7 @@ struct Shim {
     client: TaskClient,
     service: TaskService,
     stub: Arc<Stub>,
+    node: Arc<StubNode>,
     journal: Arc<Journal>,
     exit: Arc<ExitSignal>,
     dir: tempfile::TempDir,
@@ -248,10 +253,11 @@ impl Shim {
         const NOW: [Duration; 0] = [];
         let events = EventSink::new(Recorder(Arc::clone(&journal)), "default".into(), &NOW);
         let exit = Arc::new(ExitSignal::default());
+        let node = StubNode::new(Arc::clone(&journal));
         let service = TaskService::with_parts(
             events,
             runtime_for,
-            NodeLink::from_env(),
+            Arc::clone(&node) as _,
             "default",
             Arc::clone(&exit),
         );
@@ -268,6 +274,7 @@ impl Shim {
             client,
             service,
             stub,
+            node,
             journal,
             exit,
             dir,
@@ -276,10 +283,25 @@ impl Shim {
     }
 
     fn bundle(&self, id: &str, own_pid_namespace: bool) -> String {
+        self.bundle_with(id, config(own_pid_namespace).as_bytes())
+    }
+
+    /// A bundle for `id` whose config.json is `config`.
+    fn bundle_with(&self, id: &str, config: &[u8]) -> String {
         let bundle = self.dir.path().join(id);
         std::fs::create_dir_all(&bundle).unwrap();
-        std::fs::write(bundle.join("config.json"), config(own_pid_namespace)).unwrap();
+        std::fs::write(bundle.join("config.json"), config).unwrap();
         bundle.display().to_string()
+    }
+
+    /// `Create` of `id` in `bundle`.
+    fn create_bundle(&self, id: &str, bundle: String) -> ttrpc::Result<u32> {
+        let req = CreateTaskRequest {
+            id: id.into(),
+            bundle,
+            ..Default::default()
+        };
+        Ok(self.client.create(ctx(), &req)?.pid)
     }
 
     fn create(&self, id: &str) -> u32 {
@@ -287,12 +309,7 @@ impl Shim {
     }
 
     fn create_in(&self, id: &str, own_pid_namespace: bool) -> ttrpc::Result<u32> {
-        let req = CreateTaskRequest {
-            id: id.into(),
-            bundle: self.bundle(id, own_pid_namespace),
-            ..Default::default()
-        };
-        Ok(self.client.create(ctx(), &req)?.pid)
+        self.create_bundle(id, self.bundle(id, own_pid_namespace))
     }
 
     fn start(&self, id: &str, exec_id: &str) -> ttrpc::Result<u32> {
@@ -760,3 +777,5 @@ fn an_exit_that_is_not_one_of_the_shims_processes_is_ignored() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(shim.journal.events(), ["/tasks/create", "/tasks/start"]);
 }
+
+mod vgpu;

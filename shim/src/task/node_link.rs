@@ -1,0 +1,191 @@
+//! [`NodeLink`]: the shim's [`Node`] in production, the node service on its socket. The node
+//! service is started, as a daemon of this binary, the first time a container needs it and it
+//! is not running.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuplex_hook::stages::{self, HookContext, HookError, Prepared};
+use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_scheduler::windows::StopSignal;
+use gpuplex_scheduler::Handle;
+use gpuplex_wire::config::{config_path, CONFIG_ENV};
+use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::NodeClient;
+
+use super::vgpu::{Node, Reservation, Vgpu, VgpuError, SERVICE_START};
+
+/// Where the node service is, and what this shim tells it.
+#[derive(Debug)]
+pub struct NodeLink {
+    /// The hook library's context, or why gpuplex's configuration is unusable (which matters
+    /// only to containers that ask for a vGPU).
+    ctx: Result<HookContext, HookError>,
+    config: PathBuf,
+    named: bool,
+}
+
+impl NodeLink {
+    /// From gpuplex's configuration: `$GPUPLEX_CONFIG`, else `/etc/gpuplex/gpuplex.toml`
+    /// (which may be absent).
+    pub fn from_env() -> NodeLink {
+        let env = std::env::var_os(CONFIG_ENV);
+        let (config, named) = config_path(None, env.as_deref());
+        let ctx =
+            HookContext::from_config("create", named.then_some(config.as_path())).map(|mut ctx| {
+                // The shim attaches and releases the container itself: no hook in the spec.
+                ctx.hook = None;
+                // Under CRI the pod's name and namespace are CRI's, not the pod's owner's.
+                ctx.pod_from_runtime = true;
+                ctx
+            });
+        NodeLink { ctx, config, named }
+    }
+
+    fn ctx(&self) -> Result<&HookContext, VgpuError> {
+        self.ctx.as_ref().map_err(|e| {
+            VgpuError::Refused(HookError {
+                stage: e.stage,
+                message: e.message.clone(),
+            })
+        })
+    }
+
+    /// A client of the node service, when gpuplex's configuration is usable and the service
+    /// answers (for the best-effort calls).
+    fn client(&self) -> Option<(&HookContext, NodeClient)> {
+        let ctx = self.ctx().ok()?;
+        let client = NodeClient::connect(&ctx.socket).ok()?;
+        Some((ctx, client))
+    }
+
+    /// Releases the vGPU `key` names, and removes its identity file; best effort.
+    fn release_by(&self, key: &ReleaseKey) {
+        let Some((ctx, mut client)) = self.client() else {
+            return;
+        };
+        if let Some(vgpu) = client.release(key).ok().flatten().map(|v| v.id) {
+            let _ = identity::remove(&ctx.identity_dir, vgpu);
+        }
+    }
+
+    /// Connects, or starts `containerd-shim-gpuplex-v1 serve` and waits for it to answer.
+    fn ensure_service(&self, ctx: &HookContext) -> Result<(), VgpuError> {
+        if NodeClient::connect(&ctx.socket).is_ok() {
+            return Ok(());
+        }
+        let dir = ctx.socket.parent().unwrap_or(Path::new("/run/gpuplex"));
+        std::fs::create_dir_all(dir).map_err(|source| VgpuError::Io {
+            action: "create",
+            path: dir.to_owned(),
+            source,
+        })?;
+        let log_path = dir.join("service.log");
+        let io = |action| {
+            let path = log_path.clone();
+            move |source| VgpuError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io("open"))?;
+        let exe = std::env::current_exe().map_err(VgpuError::Start)?;
+        let mut command = Command::new(exe);
+        command.arg("serve");
+        if self.named {
+            command.arg("--config").arg(&self.config);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(io("open"))?)
+            .stderr(log)
+            .process_group(0);
+        command.spawn().map_err(VgpuError::Start)?;
+        let deadline = Instant::now() + SERVICE_START;
+        while Instant::now() < deadline {
+            if NodeClient::connect(&ctx.socket).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let last = std::fs::read_to_string(&log_path)
+            .ok()
+            .and_then(|t| t.lines().last().map(str::to_owned))
+            .unwrap_or_default();
+        Err(VgpuError::NotUp {
+            socket: ctx.socket.clone(),
+            log: log_path,
+            last,
+        })
+    }
+}
+
+impl Node for NodeLink {
+    fn reserve(&self, spec: &[u8]) -> Result<Option<Reservation>, VgpuError> {
+        let ctx = self.ctx()?;
+        self.ensure_service(ctx)?;
+        let prepared = stages::prepare(ctx, spec).map_err(VgpuError::Refused)?;
+        Ok(prepared.map(|Prepared { config, handle, .. }| Reservation {
+            handle,
+            spec: config,
+        }))
+    }
+
+    fn ensure_running(&self) -> Result<(), VgpuError> {
+        self.ensure_service(self.ctx()?)
+    }
+
+    fn attach(&self, vgpu: &Vgpu, id: &str, pid: u32) -> Result<(), VgpuError> {
+        let ctx = self.ctx()?;
+        let mut client = NodeClient::connect(&ctx.socket)?;
+        let attached = client
+            .attach_asking(&vgpu.handle, id, pid, true, &vgpu.asked)
+            .map_err(|source| VgpuError::Node {
+                action: "attach",
+                id: id.to_owned(),
+                source,
+            })?;
+        // The identity now names its container, as under podman.
+        let _ = identity::write(&ctx.identity_dir, &Identity::of(&attached, &ctx.node));
+        Ok(())
+    }
+
+    fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError> {
+        let mut client = NodeClient::connect(&self.ctx()?.socket)?;
+        let key = ReleaseKey::Container(id.to_owned());
+        client
+            .hold(&key, held)
+            .map(drop)
+            .map_err(|source| VgpuError::Node {
+                action: if held { "hold" } else { "let go of" },
+                id: id.to_owned(),
+                source,
+            })
+    }
+
+    fn stopping(&self, id: &str, signal: StopSignal) {
+        let Some((_, mut client)) = self.client() else {
+            return;
+        };
+        let key = ReleaseKey::Container(id.to_owned());
+        if let Err(e) = client.stopping(&key, signal) {
+            tracing::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
+        }
+    }
+
+    fn release(&self, handle: &Handle) {
+        self.release_by(&ReleaseKey::Handle(*handle));
+    }
+
+    fn release_container(&self, id: &str) {
+        self.release_by(&ReleaseKey::Container(id.to_owned()));
+    }
+}
