@@ -3,9 +3,9 @@
 //! One thread owns everything that changes ([`Service`]): the scheduler's [`Node`], the freezer
 //! cgroups, the activity sampler and the state directory. Everything else talks to it through
 //! one channel of [`Event`]s: the socket's connection threads (requests, watches), the metrics
-//! endpoint (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the next
-//! activity sample or the scheduler's next decision instant, whichever is first: no polling.
-//! Watchers of the node's capacity ([`watch`]) are told of a change by the loop after the event
+//! endpoint (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the
+//! next activity sample or the scheduler's next decision instant, whichever is first: no
+//! polling. Watchers of the node's capacity ([`watch`]) are told of a change by the loop after the event
 //! that made it, without the loop ever waiting for them.
 //!
 //! Fail open (DESIGN.md): every freeze that cannot be confirmed is undone; a released or exited
@@ -389,7 +389,7 @@ impl Service {
                 .into_iter()
                 .chain(std::iter::from_fn(|| events.try_recv().ok()))
             {
-                if let Some(why) = self.take(event) {
+                if let Some(why) = self.serve_event(event) {
                     self.shutdown(why);
                     return;
                 }
@@ -410,7 +410,7 @@ impl Service {
     /// Carries out one event as the loop does, the watchers told of what it changed (after
     /// the reply, so that a requester hears of its own request first); a shutdown is returned,
     /// not carried out.
-    pub fn take(&mut self, event: Event) -> Option<&'static str> {
+    pub fn serve_event(&mut self, event: Event) -> Option<&'static str> {
         match event {
             Event::Request(request, reply) => {
                 let answer = self.handle(request);

@@ -53,19 +53,25 @@ impl Fixture {
         reply
     }
 
-    /// Sends `line` as the socket does, through the loop's [`Service::take`], so that the
+    /// Sends `line` as the socket does, through the loop's [`Service::serve_event`], so that the
     /// watchers are told of what it changed; its reply.
     fn carry(&mut self, line: &str) -> Reply {
         let request = parse_request(line.as_bytes()).unwrap();
         let (reply, answer) = mpsc::channel();
-        assert_eq!(self.service.take(Event::Request(request, reply)), None);
+        assert_eq!(
+            self.service.serve_event(Event::Request(request, reply)),
+            None
+        );
         answer.try_recv().expect("answered at once")
     }
 
     /// A watcher subscribed as the socket subscribes one; its mailbox.
     fn watch(&mut self) -> Arc<Mailbox> {
         let mailbox = Arc::new(Mailbox::default());
-        assert_eq!(self.service.take(Event::Watch(Arc::clone(&mailbox))), None);
+        assert_eq!(
+            self.service.serve_event(Event::Watch(Arc::clone(&mailbox))),
+            None
+        );
         mailbox
     }
 
