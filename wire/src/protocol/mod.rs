@@ -28,12 +28,13 @@
 //! health, and the keys of the claims and allocations pinned now), then sends another such line
 //! on the same connection each time that view changes (a request carried out, a reservation
 //! lapsed, a container gone, a GPU's health seen to change at the service's one-second sweep),
-//! until the client closes the connection; it carries nothing else, and a client that sends
-//! anything after `watch` has its connection closed. Each line is the whole view: a watcher
-//! that reads slowly is sent only the latest it has not read, and one that stops reading for
-//! 10 s with a line waiting is closed. Only a few connections may watch (16 on the node, 4 of
-//! one process, whose oldest gives way to its next); a `watch` over that is refused and the
-//! connection takes requests as before.
+//! until the client closes the connection. The connection carries nothing else: a `watch` with
+//! more requests already sent behind it is refused (they are carried out as usual), and
+//! anything a watcher sends later closes its connection. Each line is the whole view: when a
+//! watcher reads more slowly than the node changes, the views not yet written to it are
+//! replaced by the latest, and one that takes no line for 10 s is closed. Only a few
+//! connections may watch (16 on the node, 4 of one process, whose oldest gives way to its
+//! next); a `watch` over that is refused and the connection takes requests as before.
 //!
 //! ```text
 //! {"ok":true,"capacity":{"gpus":[{"index":0,"uuid":"GPU-...","model":"...","memory":17179869184,"capacity":17179869184,"unreserved":8589934592,"healthy":true}],"claims":["units-gpu-0-0"]}}
