@@ -2,8 +2,9 @@
 //! `gpuplex.io/gpu-memory`, counted in units (1 GiB by default) with ids per GPU
 //! (`gpu-<index>-<n>`), so that the kubelet's accounting is per GPU.
 //!
-//! - `ListAndWatch`: each GPU's units, from the node service's status (polled), unhealthy on
-//!   a GPU that is gone;
+//! - `ListAndWatch`: each GPU's units, from the node service's capacity as it changes (its
+//!   `watch`: [`DevicePlugin::keep_fresh`]), unhealthy on a GPU that is gone, and on every GPU
+//!   while the node service cannot be reached (nothing is healthy that the plugin cannot see);
 //! - `GetPreferredAllocation`: a container's units on one GPU that has room for all of them
 //!   ([`gpuplex_scheduler::units::preferred`], by the node's assignment policy);
 //! - `Allocate`: the units the kubelet chose are pinned as one vGPU on their GPU with their
@@ -12,9 +13,14 @@
 //!   events show. Nothing depends on which pod the kubelet is allocating for: the units say
 //!   which GPU and how much.
 //!
+//! With CDI, the spec of an allocation the node no longer has (the kubelet gave its units again)
+//! is removed as soon as a view without it comes, once the node confirms it gone (a spec written
+//! after the view was made is not stale).
+//!
 //! [`serve`] runs it on the kubelet's device plugin socket directory and registers it, again
 //! whenever the kubelet restarts.
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,11 +29,12 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt};
 use gpuplex_hook::spec::DeviceNode;
 use gpuplex_scheduler::inventory::AssignmentPolicy;
-use gpuplex_scheduler::node::{allocation_key, NodeStatus, ReleaseKey, ALLOCATION_PREFIX};
+use gpuplex_scheduler::node::{allocation_key, ReleaseKey, ALLOCATION_PREFIX};
 use gpuplex_scheduler::units::{self, UnitId, RESOURCE};
 use gpuplex_scheduler::Handle;
 use gpuplex_wire::config::DeviceDelivery;
 use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::protocol::CapacityView;
 use gpuplex_wire::{ClientError, NodeClient};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -58,8 +65,22 @@ pub struct PluginConfig {
     pub hook: PathBuf,
     /// The host's control nodes each container gets.
     pub control_nodes: Vec<DeviceNode>,
-    /// How often the node service's GPUs are read for `ListAndWatch`.
+    /// The longest wait between tries to reach the node service again once its watch is lost
+    /// (the waits start at [`FIRST_RETRY`] and double up to this). Nothing is polled: the node
+    /// service sends each change.
     pub poll: Duration,
+}
+
+/// The first wait before the node service is tried again after its watch was lost (a restart
+/// takes about that long).
+pub const FIRST_RETRY: Duration = Duration::from_millis(50);
+
+/// The wait before the next try to reach the node service, after `previous` (`None`: the first
+/// try since the watch was lost): [`FIRST_RETRY`], then twice the last, at most `longest`.
+pub fn next_retry(previous: Option<Duration>, longest: Duration) -> Duration {
+    previous
+        .map_or(FIRST_RETRY, |wait| wait.saturating_mul(2))
+        .min(longest.max(FIRST_RETRY))
 }
 
 /// The `DevicePlugin` service.
@@ -91,15 +112,39 @@ impl DevicePlugin {
         &self.config
     }
 
-    /// Reads the node's GPUs and lists their units again (the watchers hear of a change); with
-    /// CDI, removes the specs of allocations the node no longer has. Blocking.
+    /// Reads the node's status once and lists its GPUs' units as a watched view would be
+    /// (the watchers hear of a change); with CDI, removes the specs of allocations the node no
+    /// longer has. Blocking.
     pub fn refresh(&self) -> Result<(), ClientError> {
         let status = NodeClient::connect(&self.config.socket)?.status()?;
+        self.apply(&CapacityView::of_status(&status));
+        Ok(())
+    }
+
+    /// Lists the units of `view` (the watchers hear of a change); with CDI, removes the specs
+    /// of allocations it does not have. Blocking.
+    fn apply(&self, view: &CapacityView) {
         let unit = self.config.unit;
-        let listed = Listed {
-            devices: answer::devices(&status.gpus, unit),
-            most: answer::most_on_one_gpu(&status.gpus, unit),
-        };
+        self.list(Listed {
+            devices: answer::devices(&view.gpus, unit),
+            most: answer::most_on_one_gpu(&view.gpus, unit),
+        });
+        if self.config.delivery == DeviceDelivery::Cdi {
+            self.remove_stale_specs(&view.claims);
+        }
+    }
+
+    /// Lists every unit as unhealthy: the node service cannot be reached.
+    fn unseen(&self) {
+        let listed = self.devices.borrow().clone();
+        self.list(Listed {
+            devices: answer::unseen(&listed.devices),
+            ..listed
+        });
+    }
+
+    /// Lists `listed`, telling the watchers when it changed.
+    fn list(&self, listed: Listed) {
         self.devices.send_if_modified(|now| {
             let changed = *now != listed;
             if changed {
@@ -114,21 +159,91 @@ impl DevicePlugin {
             }
             changed
         });
-        if self.config.delivery == DeviceDelivery::Cdi {
-            remove_stale_specs(&self.config.cdi_dir, &status);
-        }
-        Ok(())
     }
 
-    /// Refreshes every `poll`, until dropped.
+    /// Follows the node service's capacity for as long as the plugin runs: each view it sends
+    /// is listed as it comes; when the watch is lost (the service stopped or restarts) every
+    /// unit is unhealthy until a view comes again, tried after [`next_retry`]'s waits. On a
+    /// thread of its own, since the watch blocks (and a blocking task would hold the runtime's
+    /// shutdown).
     pub async fn keep_fresh(self) {
+        let (ended, end) = tokio::sync::oneshot::channel::<()>();
+        let follower = std::thread::Builder::new()
+            .name("node-watch".into())
+            .spawn(move || {
+                let _ended = ended;
+                self.follow()
+            });
+        if let Err(e) = follower {
+            tracing::error!("{RESOURCE}: cannot follow the node service's GPUs: {e}");
+            return;
+        }
+        let _ = end.await;
+        tracing::error!("{RESOURCE}: stopped following the node service's GPUs");
+    }
+
+    /// [`DevicePlugin::keep_fresh`]'s thread: watches, and watches again, for ever.
+    fn follow(&self) {
+        let mut wait = None;
+        let mut told = String::new();
         loop {
-            let plugin = self.clone();
-            let read = tokio::task::spawn_blocking(move || plugin.refresh()).await;
-            if let Ok(Err(e)) = read {
-                tracing::warn!("{RESOURCE}: the node's GPUs are not known: {e}");
+            let lost = self.watch(&mut wait);
+            self.unseen();
+            let why = lost.to_string();
+            // Once per loss, and again only when the reason changes.
+            if wait.is_none() || why != told {
+                tracing::warn!(
+                    "{RESOURCE}: the node's GPUs are not known, so every unit is unhealthy until they are: {why}"
+                );
+                told = why;
             }
-            tokio::time::sleep(self.config.poll).await;
+            let next = next_retry(wait, self.config.poll);
+            wait = Some(next);
+            std::thread::sleep(next);
+        }
+    }
+
+    /// Watches the node service's capacity and lists each view, until the watch is lost; a
+    /// view resets `wait` (the next loss is retried after [`FIRST_RETRY`]).
+    fn watch(&self, wait: &mut Option<Duration>) -> ClientError {
+        let watched = (|| -> Result<Infallible, ClientError> {
+            let mut watch = NodeClient::connect(&self.config.socket)?.watch()?;
+            loop {
+                let view = watch.next_view()?;
+                if wait.take().is_some() {
+                    tracing::info!("{RESOURCE}: following the node's GPUs again");
+                }
+                self.apply(&view);
+            }
+        })();
+        match watched {
+            Err(lost) => lost,
+            Ok(never) => match never {},
+        }
+    }
+
+    /// Removes the CDI specs of allocations (`gpuplex.io-vgpu-units-*.json`) that are not
+    /// among `claims` (released when the kubelet gave their units again), once the node
+    /// confirms they are gone: a view may be older than a spec an `Allocate` just wrote.
+    fn remove_stale_specs(&self, claims: &[String]) {
+        let dir = &self.config.cdi_dir;
+        let stale = stale_specs(&allocation_specs(dir), claims);
+        if stale.is_empty() {
+            return;
+        }
+        let now = NodeClient::connect(&self.config.socket).and_then(|mut c| c.status());
+        let claims = match now {
+            Ok(status) => CapacityView::of_status(&status).claims,
+            Err(e) => {
+                tracing::warn!("{RESOURCE}: the CDI specs of ended allocations stay for now: {e}");
+                return;
+            }
+        };
+        for key in stale_specs(&stale, &claims) {
+            match cdi::remove(dir, &key) {
+                Ok(()) => tracing::info!("{key}: released; its CDI spec removed"),
+                Err(e) => tracing::warn!("{key}: {e}"),
+            }
         }
     }
 
@@ -195,34 +310,28 @@ fn allocate_one(
     made.map_err(|e| format!("{RESOURCE} {key}: {e}"))
 }
 
-/// Removes the CDI specs of allocations (`gpuplex.io-vgpu-units-*.json`) that the node no
-/// longer has (released when the kubelet gave their units again).
-fn remove_stale_specs(dir: &Path, status: &NodeStatus) {
-    let live: Vec<&str> = (status
-        .reservations
-        .iter()
-        .filter_map(|r| r.claim.as_deref()))
-    .chain(status.containers.iter().filter_map(|c| c.claim.as_deref()))
-    .collect();
+/// The allocation keys of the CDI specs in `dir` (`gpuplex.io-vgpu-units-*.json`).
+fn allocation_specs(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return Vec::new();
     };
-    for entry in entries.flatten() {
+    let keys = entries.flatten().filter_map(|entry| {
         let name = entry.file_name();
-        let Some(key) = (name.to_str())
+        let key = (name.to_str())
             .and_then(|n| n.strip_prefix("gpuplex.io-vgpu-"))
             .and_then(|n| n.strip_suffix(".json"))
-            .filter(|k| k.starts_with(ALLOCATION_PREFIX))
-        else {
-            continue;
-        };
-        if !live.contains(&key) {
-            match cdi::remove(dir, key) {
-                Ok(()) => tracing::info!("{key}: released; its CDI spec removed"),
-                Err(e) => tracing::warn!("{key}: {e}"),
-            }
-        }
-    }
+            .filter(|k| k.starts_with(ALLOCATION_PREFIX))?;
+        Some(key.to_owned())
+    });
+    keys.collect()
+}
+
+/// The allocation keys of `specs` that are not among the live `claims`.
+fn stale_specs(specs: &[String], claims: &[String]) -> Vec<String> {
+    (specs.iter())
+        .filter(|key| !claims.contains(key))
+        .cloned()
+        .collect()
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
@@ -310,5 +419,46 @@ pub fn options() -> dp::DevicePluginOptions {
     dp::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_tried_again_after_doubling_waits_up_to_the_longest() {
+        let longest = Duration::from_secs(2);
+        let mut wait = None;
+        let waits: Vec<u128> = (0..9)
+            .map(|_| {
+                let next = next_retry(wait, longest);
+                wait = Some(next);
+                next.as_millis()
+            })
+            .collect();
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+        // A longest wait below the first is the first.
+        assert_eq!(next_retry(None, Duration::from_millis(1)), FIRST_RETRY);
+        assert_eq!(next_retry(Some(FIRST_RETRY), Duration::ZERO), FIRST_RETRY);
+    }
+
+    #[test]
+    fn a_spec_is_stale_when_its_allocation_is_not_live() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "gpuplex.io-vgpu-units-gpu-0-0.json",
+            "gpuplex.io-vgpu-units-gpu-1-4.json",
+            "gpuplex.io-vgpu-7f3c.json",
+            "other.json",
+        ] {
+            std::fs::write(dir.path().join(name), "{}").unwrap();
+        }
+        let mut specs = allocation_specs(dir.path());
+        specs.sort();
+        assert_eq!(specs, ["units-gpu-0-0", "units-gpu-1-4"]);
+        let live = ["7f3c".to_string(), "units-gpu-1-4".to_string()];
+        assert_eq!(stale_specs(&specs, &live), ["units-gpu-0-0"]);
+        assert!(allocation_specs(&dir.path().join("absent")).is_empty());
     }
 }

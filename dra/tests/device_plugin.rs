@@ -3,7 +3,9 @@
 //! over gRPC on unix sockets as the kubelet speaks it: registration, `ListAndWatch` (a GPU's
 //! device node removed and made again), `GetPreferredAllocation`, `Allocate` (the units pinned on
 //! their GPU; units on two GPUs refused in one line), a kubelet restart (sockets removed, a new
-//! kubelet socket: the plugin registers again), and SIGTERM.
+//! kubelet socket: the plugin registers again), and SIGTERM; the node's changes reaching
+//! `ListAndWatch` and the CDI specs as they happen, with no poll (an ended allocation's spec
+//! removed, a GPU gone and back, the node service stopped and started again).
 
 #[path = "../../node/tests/support/mod.rs"]
 mod support;
@@ -104,7 +106,8 @@ fn the_device_plugin(gpus: usize) -> Setup {
 
 /// The next `ListAndWatch` update, within 20 s.
 async fn next(
-    updates: &mut tonic::Streaming<dp::ListAndWatchResponse>,
+    updates: &mut (impl tokio_stream::Stream<Item = Result<dp::ListAndWatchResponse, tonic::Status>>
+              + Unpin),
 ) -> dp::ListAndWatchResponse {
     let next = tokio::time::timeout(Duration::from_secs(20), updates.next());
     next.await.expect("an update within 20 s").unwrap().unwrap()
@@ -352,4 +355,95 @@ fn with_cdi_an_allocation_is_a_cdi_device_whose_spec_goes_with_it() {
     plugin.refresh().unwrap();
     assert!(!spec_path.exists());
     assert!(cdi_dir.join("gpuplex.io-vgpu-units-gpu-0-1.json").exists());
+}
+
+/// The plugin in this process, with CDI, over `service`'s socket, its specs in `cdi_dir`; it
+/// tries a lost node service again after at most `longest`.
+fn plugin_here(
+    service: &NodeService,
+    cdi_dir: &Path,
+    longest: Duration,
+) -> gpuplex_dra::device_plugin::DevicePlugin {
+    use gpuplex_dra::device_plugin::{DevicePlugin, PluginConfig};
+    DevicePlugin::new(PluginConfig {
+        node: "testnode".into(),
+        socket: service.socket.clone(),
+        unit: GIB,
+        delivery: gpuplex_wire::config::DeviceDelivery::Cdi,
+        policy: gpuplex_scheduler::inventory::AssignmentPolicy::Spread,
+        cdi_dir: cdi_dir.to_path_buf(),
+        hook: PathBuf::from("/usr/local/bin/gpuplex-hook"),
+        control_nodes: Vec::new(),
+        poll: longest,
+    })
+}
+
+/// The node service's changes reach the kubelet as they happen: the plugin follows the node's
+/// `watch` (and would try a lost node again only after an hour at most, so nothing below is a
+/// poll's): an allocation the kubelet's units ended loses its CDI spec, a GPU whose node goes
+/// turns unhealthy and healthy again, and while the node service is stopped every unit is
+/// unhealthy, until it is back.
+#[test]
+fn the_nodes_changes_reach_list_and_watch_and_the_specs_as_they_happen() {
+    use gpuplex_dra::proto::deviceplugin::device_plugin_server::DevicePlugin as _;
+    if !can_run("the_nodes_changes_reach_list_and_watch_and_the_specs_as_they_happen") {
+        return;
+    }
+    let mut service = NodeService::start(the_device_plugin(1));
+    let dir = tempfile::tempdir().unwrap();
+    let cdi_dir = dir.path().join("cdi");
+    let plugin = plugin_here(&service, &cdi_dir, Duration::from_secs(3600));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.spawn(plugin.clone().keep_fresh());
+    let watched = runtime.block_on(plugin.list_and_watch(tonic::Request::new(dp::Empty {})));
+    let mut updates = watched.unwrap().into_inner();
+    let mut update = || runtime.block_on(next(&mut updates));
+    let mut listed = update();
+    while listed.devices.is_empty() {
+        listed = update();
+    }
+    assert_eq!(health_of(&listed, 0), ["Healthy"; 16]);
+
+    // The kubelet gives unit 1 to another container: the first allocation ends, and its spec
+    // goes without waiting for anything.
+    let allocate = |units: Vec<String>| {
+        let request = dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: units }],
+        };
+        let answer = runtime.block_on(plugin.allocate(tonic::Request::new(request)));
+        answer.unwrap().into_inner().container_responses.remove(0)
+    };
+    allocate(ids(0, 0..2));
+    let first = cdi_dir.join("gpuplex.io-vgpu-units-gpu-0-0.json");
+    let second = cdi_dir.join("gpuplex.io-vgpu-units-gpu-0-1.json");
+    assert!(first.exists());
+    allocate(ids(0, 1..3));
+    wait_for("the ended allocation's spec removed", || !first.exists());
+    assert!(second.exists(), "the live allocation's spec stays");
+
+    // GPU 0's node goes (seen at the service's next sweep) and comes back.
+    let node = &service.devices[0];
+    let rdev = std::fs::metadata(node).unwrap().rdev();
+    std::fs::remove_file(node).unwrap();
+    let mut update = || runtime.block_on(next(&mut updates));
+    assert_eq!(health_of(&update(), 0), ["Unhealthy"; 16]);
+    nix::sys::stat::mknod(
+        node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        rdev,
+    )
+    .unwrap();
+    assert_eq!(health_of(&update(), 0), ["Healthy"; 16]);
+
+    // The node service stops: nothing is healthy that the plugin cannot see. It starts again:
+    // the plugin finds it and lists what it sees.
+    assert!(service.terminate().success(), "{}", service.log_text());
+    assert_eq!(health_of(&update(), 0), ["Unhealthy"; 16]);
+    service.spawn();
+    assert_eq!(health_of(&update(), 0), ["Healthy"; 16]);
+    assert!(
+        second.exists(),
+        "the allocation outlives the restart, and so does its spec"
+    );
 }

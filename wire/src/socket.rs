@@ -8,6 +8,11 @@
 //!
 //! [`NodeClient::request`] returns only replies with `"ok":true`: a refusal comes back as
 //! [`ClientError::Refused`] carrying the service's own line.
+//!
+//! [`NodeClient::watch`] turns the connection into a subscription ([`CapacityWatch`]): the first
+//! view within the timeout, then each change as it comes, waited for without a timeout (there
+//! may be none for days); a service that dies closes the connection, and the wait ends with
+//! [`ClientError::Closed`].
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -15,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::protocol::{EventsReply, Reply, Request, VgpuReply};
+use crate::protocol::{CapacityView, EventsReply, Reply, Request, VgpuReply};
 use gpuplex_scheduler::node::{Attachment, NodeStatus, Placement, ReleaseKey, Target};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::windows::StopSignal;
@@ -248,6 +253,24 @@ impl NodeClient {
         }
     }
 
+    /// Subscribes to the node's capacity (`watch`): the connection carries only views from
+    /// now on. The first comes within the client's timeout (a refusal, such as too many
+    /// watchers, is [`ClientError::Refused`]); the later ones are waited for without one.
+    pub fn watch(mut self) -> Result<CapacityWatch, ClientError> {
+        let first = match self.request(&Request::Watch)? {
+            Reply::Capacity(view) => *view,
+            _ => return Err(self.missing("capacity")),
+        };
+        (self.reader.get_ref())
+            .set_read_timeout(None)
+            .map_err(|e| self.io_error(e))?;
+        Ok(CapacityWatch {
+            client: self,
+            first: Some(first),
+            ended: false,
+        })
+    }
+
     /// Pins the vGPU of the device plugin's `units` (each `unit` bytes) that the kubelet gave
     /// one container; the reply has its handle and CDI edits, the same for the same units again.
     pub fn allocate(&mut self, units: &[UnitId], unit: u64) -> Result<VgpuReply, ClientError> {
@@ -352,6 +375,56 @@ impl NodeClient {
             path: self.path.clone(),
             message: format!("no `{field}` in its reply"),
         }
+    }
+}
+
+/// A subscription to the node's capacity ([`NodeClient::watch`]): each view as it comes, the
+/// first at once. As an iterator it ends after the first error.
+#[derive(Debug)]
+pub struct CapacityWatch {
+    client: NodeClient,
+    /// The answer to `watch`, not yet taken.
+    first: Option<CapacityView>,
+    /// An error was returned: the connection is of no more use.
+    ended: bool,
+}
+
+impl CapacityWatch {
+    /// The next view: the first at once, then the next change, however long it takes.
+    /// [`ClientError::Closed`] when the service closed the connection (it stopped, or it
+    /// let this watcher go); a refusal line (the service stopping) is [`ClientError::Refused`].
+    pub fn next_view(&mut self) -> Result<CapacityView, ClientError> {
+        if let Some(first) = self.first.take() {
+            return Ok(first);
+        }
+        let line = self.client.read_line()?;
+        let reply: Reply = serde_json::from_slice(&line).map_err(|e| ClientError::Malformed {
+            path: self.client.path.clone(),
+            message: e.to_string(),
+        })?;
+        match reply {
+            Reply::Capacity(view) => Ok(*view),
+            Reply::Refused(why) => Err(ClientError::Refused(why)),
+            _ => Err(self.client.missing("capacity")),
+        }
+    }
+
+    /// The socket watched.
+    pub fn socket(&self) -> &Path {
+        self.client.socket()
+    }
+}
+
+impl Iterator for CapacityWatch {
+    type Item = Result<CapacityView, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        let next = self.next_view();
+        self.ended = next.is_err();
+        Some(next)
     }
 }
 
@@ -475,7 +548,7 @@ mod tests {
         assert!(client.hold(&vgpu, true).is_err());
         assert!(client.hold(&vgpu, false).is_err());
         assert!(client.stopping(&vgpu, StopSignal::Kill).is_err());
-        drop(client);
+        assert!(client.watch().is_err());
         let expected = vec![
             Request::Status,
             Request::Reserve {
@@ -505,6 +578,7 @@ mod tests {
                 key: vgpu,
                 signal: StopSignal::Kill,
             },
+            Request::Watch,
         ];
         assert_eq!(received.join().unwrap(), expected);
     }
@@ -528,6 +602,62 @@ mod tests {
             .hold(&ReleaseKey::Container("c9".into()), false)
             .unwrap_err();
         assert!(matches!(err, ClientError::Refused(_)), "{err:?}");
+        handle.join().unwrap();
+    }
+
+    /// A view line for GPU 0 with `unreserved` bytes free.
+    fn view_line(unreserved: u64) -> String {
+        format!(
+            "{{\"ok\":true,\"capacity\":{{\"gpus\":[{{\"index\":0,\"uuid\":\"GPU-a\",\"model\":\"m\",\"memory\":16,\"capacity\":16,\"unreserved\":{unreserved},\"healthy\":true}}],\"claims\":[]}}}}\n"
+        )
+    }
+
+    #[test]
+    fn a_watch_yields_each_view_waits_past_the_timeout_and_ends_when_the_service_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let service = thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            assert_eq!(
+                parse_request(line.trim_end().as_bytes()),
+                Ok(Request::Watch)
+            );
+            writer.write_all(view_line(16).as_bytes()).unwrap();
+            // Longer than the client's timeout: a watch waits for changes without one.
+            thread::sleep(Duration::from_millis(150));
+            writer.write_all(view_line(8).as_bytes()).unwrap();
+            // The service goes: the connection closes.
+        });
+        let client = NodeClient::connect_with_timeout(&path, Duration::from_millis(50)).unwrap();
+        let mut watch = client.watch().unwrap();
+        let unreserved = |view: CapacityView| view.gpus[0].unreserved;
+        assert_eq!(watch.next().unwrap().map(unreserved).unwrap(), 16);
+        assert_eq!(watch.next().unwrap().map(unreserved).unwrap(), 8);
+        let lost = watch.next().unwrap().unwrap_err();
+        assert!(matches!(lost, ClientError::Closed { .. }), "{lost:?}");
+        assert!(watch.next().is_none(), "it ends after an error");
+        service.join().unwrap();
+    }
+
+    #[test]
+    fn a_refused_watch_and_a_wrong_answer_are_errors() {
+        let (_dir, path, handle) = serve(vec![
+            "{\"ok\":false,\"error\":\"16 connections watch the node already\"}\n",
+        ]);
+        let err = NodeClient::connect(&path).unwrap().watch().unwrap_err();
+        assert_eq!(err.to_string(), "16 connections watch the node already");
+        handle.join().unwrap();
+        let (_dir, path, handle) = serve(vec!["{\"ok\":true}\n"]);
+        let err = NodeClient::connect(&path).unwrap().watch().unwrap_err();
+        assert!(
+            err.to_string().contains("no `capacity` in its reply"),
+            "{err}"
+        );
         handle.join().unwrap();
     }
 }

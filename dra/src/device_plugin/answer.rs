@@ -9,29 +9,28 @@
 
 use std::collections::HashMap;
 
-use gpuplex_scheduler::node::GpuStatus;
 use gpuplex_scheduler::request::ALLOCATION;
 use gpuplex_scheduler::units::units_of;
 use gpuplex_scheduler::{GpuIndex, Handle};
 use gpuplex_wire::config::DeviceDelivery;
 use gpuplex_wire::protocol::cdi::CdiEdits;
+use gpuplex_wire::protocol::GpuCapacity;
 
 use crate::cdi;
 use crate::proto::deviceplugin as dp;
 
 /// A unit's health as the kubelet reads it.
 pub const HEALTHY: &str = "Healthy";
-/// A unit of a GPU that is gone.
+/// A unit of a GPU that is gone, or of any GPU while the node service cannot be reached.
 pub const UNHEALTHY: &str = "Unhealthy";
 
 /// The units the GPUs offer (each GPU's capacity, its memory × `memory_overcommit`, in units of
 /// `unit` bytes), unhealthy on a GPU that is gone; in the order of the GPUs and units.
-pub fn devices(gpus: &[GpuStatus], unit: u64) -> Vec<dp::Device> {
+pub fn devices(gpus: &[GpuCapacity], unit: u64) -> Vec<dp::Device> {
     let mut devices = Vec::new();
     for gpu in gpus {
-        let capacity = capacity_of(gpu);
         let health = if gpu.healthy { HEALTHY } else { UNHEALTHY };
-        for u in units_of(&[(GpuIndex(gpu.index), capacity)], unit) {
+        for u in units_of(&[(GpuIndex(gpu.index), gpu.capacity)], unit) {
             devices.push(dp::Device {
                 id: u.to_string(),
                 health: health.to_owned(),
@@ -42,22 +41,23 @@ pub fn devices(gpus: &[GpuStatus], unit: u64) -> Vec<dp::Device> {
     devices
 }
 
-/// The most units one GPU offers: what a container may ask for at most.
-pub fn most_on_one_gpu(gpus: &[GpuStatus], unit: u64) -> u64 {
-    gpus.iter()
-        .map(|g| capacity_of(g) / unit.max(1))
-        .max()
-        .unwrap_or(0)
+/// The units listed, each unhealthy: what the plugin lists while it cannot see the GPUs (the
+/// node service cannot be reached), so that the kubelet admits nothing to them.
+pub fn unseen(devices: &[dp::Device]) -> Vec<dp::Device> {
+    (devices.iter())
+        .map(|d| dp::Device {
+            health: UNHEALTHY.to_owned(),
+            ..d.clone()
+        })
+        .collect()
 }
 
-/// What entitlements may hold on a GPU in all (its memory, from a service older than
-/// `capacity`).
-fn capacity_of(gpu: &GpuStatus) -> u64 {
-    if gpu.capacity > 0 {
-        gpu.capacity
-    } else {
-        gpu.memory
-    }
+/// The most units one GPU offers: what a container may ask for at most.
+pub fn most_on_one_gpu(gpus: &[GpuCapacity], unit: u64) -> u64 {
+    gpus.iter()
+        .map(|g| g.capacity / unit.max(1))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The CDI device name of allocation `key` (`gpuplex.io/vgpu=units-gpu-1-0`).

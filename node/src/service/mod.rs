@@ -2,9 +2,11 @@
 //!
 //! One thread owns everything that changes ([`Service`]): the scheduler's [`Node`], the freezer
 //! cgroups, the activity sampler and the state directory. Everything else talks to it through
-//! one channel of [`Event`]s: the socket's connection threads (requests), the metrics endpoint
-//! (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the next
-//! activity sample or the scheduler's next decision instant, whichever is first: no polling.
+//! one channel of [`Event`]s: the socket's connection threads (requests, watches), the metrics
+//! endpoint (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the
+//! next activity sample or the scheduler's next decision instant, whichever is first: no
+//! polling. Watchers of the node's capacity ([`watch`]) are told of a change by the loop after the event
+//! that made it, without the loop ever waiting for them.
 //!
 //! Fail open (DESIGN.md): every freeze that cannot be confirmed is undone; a released or exited
 //! container is thawed; SIGTERM thaws every frozen container and exits 0; at start every
@@ -32,6 +34,7 @@ mod stopping;
 #[cfg(test)]
 mod tests;
 mod unstarted;
+pub mod watch;
 pub mod watchdog;
 
 use std::collections::BTreeMap;
@@ -62,6 +65,9 @@ pub enum Event {
     Request(Request, Sender<Reply>),
     /// The status, for the metrics endpoint.
     Status(Sender<NodeStatus>),
+    /// A connection subscribed to the node's capacity (`watch`): its first view and each
+    /// change go to this mailbox.
+    Watch(std::sync::Arc<watch::Mailbox>),
     /// Stop: thaw everything and return.
     Shutdown(&'static str),
     /// A process of this vGPU's container exited: see whether any is left.
@@ -138,6 +144,8 @@ pub struct Service {
     /// Where new reservations' handles come from: the kernel's random source
     /// ([`requests::fresh_handle`]), or a sequence a test predicts.
     handles: HandleSource,
+    /// The connections watching the node's capacity.
+    watchers: watch::Watchers,
 }
 
 /// Where a service draws the handles of new reservations.
@@ -294,6 +302,7 @@ impl Service {
                 })
                 .ok(),
             handles: Box::new(requests::fresh_handle),
+            watchers: watch::Watchers::default(),
         })
     }
 
@@ -380,19 +389,9 @@ impl Service {
                 .into_iter()
                 .chain(std::iter::from_fn(|| events.try_recv().ok()))
             {
-                match event {
-                    Event::Request(request, reply) => {
-                        let answer = self.handle(request);
-                        let _ = reply.send(answer);
-                    }
-                    Event::Status(reply) => {
-                        let _ = reply.send(self.status());
-                    }
-                    Event::Shutdown(why) => {
-                        self.shutdown(why);
-                        return;
-                    }
-                    Event::Exited(vgpu) => self.exit_seen(vgpu),
+                if let Some(why) = self.serve_event(event) {
+                    self.shutdown(why);
+                    return;
                 }
             }
             let now = self.now();
@@ -404,7 +403,32 @@ impl Service {
                 }
             }
             next_due = self.decide();
+            self.publish();
         }
+    }
+
+    /// Carries out one event as the loop does, the watchers told of what it changed (after
+    /// the reply, so that a requester hears of its own request first); a shutdown is returned,
+    /// not carried out.
+    pub fn serve_event(&mut self, event: Event) -> Option<&'static str> {
+        match event {
+            Event::Request(request, reply) => {
+                let answer = self.handle(request);
+                let _ = reply.send(answer);
+                self.watchers.stale = true;
+            }
+            Event::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Event::Watch(mailbox) => self.watch(mailbox),
+            Event::Shutdown(why) => return Some(why),
+            Event::Exited(vgpu) => {
+                self.exit_seen(vgpu);
+                self.watchers.stale = true;
+            }
+        }
+        self.publish();
+        None
     }
 
     /// Samples activity, and releases containers whose processes are all gone.
@@ -425,10 +449,12 @@ impl Service {
                 .filter(|(_, gone)| !gone.is_empty())
                 .collect();
             for (vgpu, gone) in exited {
+                self.watchers.stale = true;
                 for container in gone {
                     self.container_exited(vgpu, &container);
                 }
             }
+            self.watch_health();
         }
         if self.last_stop_check.elapsed() >= STOP_CHECK {
             self.last_stop_check = std::time::Instant::now();
@@ -537,6 +563,7 @@ impl Service {
                 self.config.scheduler.reservation_ttl
             );
             self.forget(lapsed.id);
+            self.watchers.stale = true;
         }
         self.carry_out(&decision.actions);
         decision.next_due
@@ -562,6 +589,7 @@ impl Service {
     }
 
     fn shutdown(&mut self, why: &str) {
+        self.watchers.close_all();
         let frozen = self.thaw_all();
         self.checkpoint();
         tracing::info!(

@@ -62,6 +62,9 @@ impl Service {
                 annotations,
             } => self.pin(&claim, &placement, &annotations),
             Request::Allocate { units, unit } => self.allocate(&units, unit),
+            // The node's capacity now; the socket makes a connection that asks a watcher
+            // (`Service::watch`), which is sent this view first.
+            Request::Watch => Reply::Capacity(Box::new(self.fresh_view())),
         }
     }
 

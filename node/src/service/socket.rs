@@ -15,9 +15,19 @@
 //!   request the loop is carrying out is never cut); a peer process (`SO_PEERCRED`) holds at most [`MAX_PER_PEER`], and its
 //!   own oldest gives way first;
 //! - a slot is given back however its connection ends, a failed thread start included.
+//!
+//! A connection that sends `watch` becomes a watcher for the rest of its life: it waits for
+//! changes, not for a request, so it is never taken for an idle one and cut to make room. So
+//! that watchers cannot take the slots request clients need, at most [`MAX_WATCHERS`] watch at
+//! once and a peer process at most [`MAX_WATCHERS_PER_PEER`] (its own oldest watcher gives way
+//! to its next; a watch over the total is refused and the connection takes requests as
+//! before). Its thread writes each line the loop leaves it (see [`super::watch`]), giving up on
+//! a client that reads none for [`REQUEST_DEADLINE`]; a second thread reads the connection
+//! only to see it end (or carry anything, which ends it too).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -25,8 +35,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpuplex_wire::protocol::{parse_request, Reply, MAX_LINE};
+use gpuplex_wire::protocol::{parse_request, Reply, Request, MAX_LINE};
 
+use super::watch::Mailbox;
 use super::{Event, ServiceError};
 
 /// At most this many connections are served at once.
@@ -35,8 +46,13 @@ pub const MAX_CONNECTIONS: usize = 128;
 pub const MAX_PER_PEER: usize = 16;
 /// A connection that sends no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// A request must be whole (up to its newline) this long after its first byte.
+/// A request must be whole (up to its newline) this long after its first byte; a watcher must
+/// take a line written to it within as long.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// At most this many connections watch the node at once (`watch`).
+pub const MAX_WATCHERS: usize = 16;
+/// At most this many of them from one peer process.
+pub const MAX_WATCHERS_PER_PEER: usize = 4;
 
 /// Binds the socket with mode 0600, replacing a stale socket file but never a live one.
 pub(super) fn bind(path: &Path) -> Result<UnixListener, ServiceError> {
@@ -73,8 +89,11 @@ struct Seat {
     id: u64,
     /// The peer's pid, when the kernel says.
     peer: Option<u32>,
-    /// Since when it waits for (the rest of) a request; `None` while the loop carries one out.
+    /// Since when it waits for (the rest of) a request; `None` while the loop carries one out,
+    /// and once it watches.
     waiting_since: Option<Instant>,
+    /// Since when it watches the node's capacity; `None` for a connection of requests.
+    watching_since: Option<Instant>,
 }
 
 /// Where a new connection from `peer` goes.
@@ -108,11 +127,57 @@ fn make_room(seats: &[Seat], peer: Option<u32>, max: usize, per_peer: usize) -> 
     oldest_waiting(false).map_or(Room::Full, Room::Evict)
 }
 
+/// Whether a connection of `peer` may start to watch.
+#[derive(Debug, PartialEq, Eq)]
+enum WatchRoom {
+    /// Yes.
+    Granted,
+    /// Yes, once this watcher of the same peer, its oldest, is closed.
+    Evict(u64),
+    /// No: `max` connections watch already.
+    Refused,
+}
+
+/// Whether a connection of `peer` may watch among `seats`: a peer that holds `per_peer`
+/// watchers gives up its oldest; otherwise one more than `max` is refused.
+fn watch_room(seats: &[Seat], peer: Option<u32>, max: usize, per_peer: usize) -> WatchRoom {
+    let watching = || seats.iter().filter(|s| s.watching_since.is_some());
+    if peer.is_some() {
+        let own = || watching().filter(|s| s.peer == peer);
+        if own().count() >= per_peer {
+            return (own().filter_map(|s| Some((s.watching_since?, s.id))).min())
+                .map_or(WatchRoom::Refused, |(_, id)| WatchRoom::Evict(id));
+        }
+    }
+    if watching().count() >= max {
+        return WatchRoom::Refused;
+    }
+    WatchRoom::Granted
+}
+
 /// The connections served now.
 #[derive(Default)]
 struct Pool {
     next: u64,
-    seats: HashMap<u64, (Seat, UnixStream)>,
+    seats: HashMap<u64, Seated>,
+}
+
+/// A connection in the pool: a copy of its stream (to close it), and its mailbox once it
+/// watches (to end its watch).
+struct Seated {
+    seat: Seat,
+    stream: UnixStream,
+    mailbox: Option<Arc<Mailbox>>,
+}
+
+impl Seated {
+    /// Closes the connection to make room: its reads and writes fail, its watch is over.
+    fn close(self) {
+        if let Some(mailbox) = &self.mailbox {
+            mailbox.close();
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
 }
 
 /// A connection's slot in the pool; given back when dropped.
@@ -130,11 +195,41 @@ impl Slot {
     /// was closed to make room for another (its thread should end).
     fn waiting(&self, waiting: bool) -> bool {
         let mut pool = lock(&self.pool);
-        let Some((seat, _)) = pool.seats.get_mut(&self.id) else {
+        let Some(seated) = pool.seats.get_mut(&self.id) else {
             return false;
         };
-        seat.waiting_since = waiting.then(Instant::now);
+        seated.seat.waiting_since = waiting.then(Instant::now);
         true
+    }
+
+    /// Makes the connection a watcher whose lines go through `mailbox`, if there is room (see
+    /// [`watch_room`]); the refusal is one line.
+    fn watch(&self, mailbox: &Arc<Mailbox>) -> Result<(), String> {
+        let mut pool = lock(&self.pool);
+        let seats: Vec<Seat> = pool.seats.values().map(|s| s.seat).collect();
+        let Some(peer) = pool.seats.get(&self.id).map(|s| s.seat.peer) else {
+            return Err("the connection was closed".into());
+        };
+        match watch_room(&seats, peer, MAX_WATCHERS, MAX_WATCHERS_PER_PEER) {
+            WatchRoom::Refused => {
+                return Err(format!(
+                    "{MAX_WATCHERS} connections watch the node already; retry when one is closed"
+                ))
+            }
+            WatchRoom::Evict(id) => {
+                if let Some(evicted) = pool.seats.remove(&id) {
+                    evicted.close();
+                }
+            }
+            WatchRoom::Granted => {}
+        }
+        let Some(seated) = pool.seats.get_mut(&self.id) else {
+            return Err("the connection was closed".into());
+        };
+        seated.seat.waiting_since = None;
+        seated.seat.watching_since = Some(Instant::now());
+        seated.mailbox = Some(Arc::clone(mailbox));
+        Ok(())
     }
 }
 
@@ -151,13 +246,13 @@ fn seat(pool: &Arc<Mutex<Pool>>, stream: &UnixStream) -> Option<Slot> {
         .map(|c| c.pid() as u32);
     let copy = stream.try_clone().ok()?;
     let mut guard = lock(pool);
-    let seats: Vec<Seat> = guard.seats.values().map(|(s, _)| *s).collect();
+    let seats: Vec<Seat> = guard.seats.values().map(|s| s.seat).collect();
     match make_room(&seats, peer, MAX_CONNECTIONS, MAX_PER_PEER) {
         Room::Full => return None,
         Room::Free => {}
         Room::Evict(id) => {
-            if let Some((_, evicted)) = guard.seats.remove(&id) {
-                let _ = evicted.shutdown(std::net::Shutdown::Both);
+            if let Some(evicted) = guard.seats.remove(&id) {
+                evicted.close();
             }
         }
     }
@@ -167,8 +262,14 @@ fn seat(pool: &Arc<Mutex<Pool>>, stream: &UnixStream) -> Option<Slot> {
         id,
         peer,
         waiting_since: Some(Instant::now()),
+        watching_since: None,
     };
-    guard.seats.insert(id, (seat, copy));
+    let seated = Seated {
+        seat,
+        stream: copy,
+        mailbox: None,
+    };
+    guard.seats.insert(id, seated);
     Some(Slot {
         pool: Arc::clone(pool),
         id,
@@ -288,7 +389,7 @@ fn too_long() -> String {
 }
 
 /// Serves one connection until it closes, idles out, is closed to make room, or sends a
-/// request that is over the limit or too slow.
+/// request that is over the limit or too slow; or, once it watches, until its watch is over.
 fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot) {
     let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
     let (mut pending, mut line) = (Vec::new(), Vec::new());
@@ -311,6 +412,10 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
             return;
         }
         let reply = match parse_request(&line) {
+            Ok(Request::Watch) => match start_watch(slot, &pending) {
+                Ok(mailbox) => return serve_watcher(stream, events, &mailbox),
+                Err(why) => Reply::refused(why),
+            },
             Ok(request) => ask(events, request),
             Err(e) => Reply::refused(e),
         };
@@ -324,7 +429,71 @@ fn serve_connection(mut stream: UnixStream, events: &Sender<Event>, slot: &Slot)
     }
 }
 
-fn ask(events: &Sender<Event>, request: gpuplex_wire::protocol::Request) -> Reply {
+/// Makes the connection of `slot` a watcher, unless the client sent more after `watch`
+/// (`pending`) or there is no room; its mailbox.
+fn start_watch(slot: &Slot, pending: &[u8]) -> Result<Arc<Mailbox>, String> {
+    if !pending.iter().all(u8::is_ascii_whitespace) {
+        return Err(
+            "watch must be the connection's last request: it carries only views after it".into(),
+        );
+    }
+    let mailbox = Arc::new(Mailbox::default());
+    slot.watch(&mailbox)?;
+    Ok(mailbox)
+}
+
+/// Serves a watcher until its watch is over: the loop's first view and each change after, as
+/// the loop leaves them in `mailbox`, written with [`REQUEST_DEADLINE`] for each; a second
+/// thread ends the watch when the client closes the connection or sends anything.
+fn serve_watcher(mut stream: UnixStream, events: &Sender<Event>, mailbox: &Arc<Mailbox>) {
+    let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
+    let hangup = stream.try_clone().and_then(|copy| {
+        let mailbox = Arc::clone(mailbox);
+        std::thread::Builder::new()
+            .name("watch-hangup".into())
+            .spawn(move || end_at_hangup(copy, &mailbox))
+    });
+    let hangup = match hangup {
+        Ok(thread) => thread,
+        Err(e) => {
+            mailbox.close();
+            let refused = Reply::refused(format!("cannot watch the connection: {e}"));
+            let _ = stream.write_all(refused.to_line().as_bytes());
+            return;
+        }
+    };
+    if events.send(Event::Watch(Arc::clone(mailbox))).is_err() {
+        mailbox.post(
+            Reply::refused("the node service is stopping")
+                .to_line()
+                .into(),
+        );
+        mailbox.close();
+    }
+    while let Some(line) = mailbox.take() {
+        if stream.write_all(line.as_bytes()).is_err() {
+            break;
+        }
+    }
+    mailbox.close();
+    let _ = stream.shutdown(Shutdown::Both);
+    let _ = hangup.join();
+}
+
+/// Reads a watcher's connection until it ends or carries anything, then ends the watch.
+fn end_at_hangup(mut stream: UnixStream, mailbox: &Mailbox) {
+    let _ = stream.set_read_timeout(None);
+    let mut byte = [0u8; 1];
+    loop {
+        match stream.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    mailbox.close();
+}
+
+fn ask(events: &Sender<Event>, request: Request) -> Reply {
     let (tx, rx) = mpsc::channel();
     if events.send(Event::Request(request, tx)).is_err() {
         return Reply::refused("the node service is stopping");
@@ -342,6 +511,14 @@ mod tests {
             id,
             peer: Some(peer),
             waiting_since: waited_ms.map(|ms| now - Duration::from_millis(ms)),
+            watching_since: None,
+        }
+    }
+
+    fn watcher(id: u64, peer: u32, watched_ms: u64, now: Instant) -> Seat {
+        Seat {
+            watching_since: Some(now - Duration::from_millis(watched_ms)),
+            ..seat(id, peer, None, now)
         }
     }
 
@@ -431,5 +608,158 @@ mod tests {
         assert_eq!(make_room(&seats, Some(10), 128, 3), Room::Free);
         let all_busy = [seat(4, 66, None, now), seat(5, 66, None, now)];
         assert_eq!(make_room(&all_busy, Some(66), 128, 2), Room::Full);
+    }
+
+    #[test]
+    fn a_watcher_is_never_cut_for_a_request_client_and_watchers_are_capped() {
+        let now = Instant::now();
+        // Watchers wait for changes, not requests: a new connection does not take their slots.
+        let watchers = [watcher(1, 10, 900, now), watcher(2, 11, 500, now)];
+        assert_eq!(make_room(&watchers, Some(12), 2, 16), Room::Full);
+        let mixed = [watcher(1, 10, 900, now), seat(2, 11, Some(5), now)];
+        assert_eq!(make_room(&mixed, Some(12), 2, 16), Room::Evict(2));
+        // A peer's watchers count towards its share of connections.
+        assert_eq!(make_room(&watchers, Some(10), 128, 1), Room::Full);
+
+        // A peer holding its share of watchers gives up its own oldest to its next.
+        let seats = [
+            watcher(1, 10, 900, now),
+            watcher(2, 66, 100, now),
+            watcher(3, 66, 300, now),
+            seat(4, 66, Some(1000), now),
+        ];
+        assert_eq!(watch_room(&seats, Some(66), 16, 2), WatchRoom::Evict(3));
+        assert_eq!(watch_room(&seats, Some(66), 16, 3), WatchRoom::Granted);
+        // Over the total, another peer's watchers are kept and the watch refused.
+        assert_eq!(watch_room(&seats, Some(12), 3, 2), WatchRoom::Refused);
+        assert_eq!(watch_room(&seats, None, 3, 2), WatchRoom::Refused);
+        assert_eq!(watch_room(&seats, None, 4, 2), WatchRoom::Granted);
+    }
+
+    /// A connection seated in `pool` and served on a thread, as the accept loop does: the
+    /// client's end, the events it sends the loop, and its thread.
+    fn connected(
+        pool: &Arc<Mutex<Pool>>,
+    ) -> (
+        UnixStream,
+        mpsc::Receiver<Event>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let slot = super::seat(pool, &ours).expect("room");
+        let (events, inbox) = mpsc::channel();
+        let served = std::thread::spawn(move || serve_connection(ours, &events, &slot));
+        (theirs, inbox, served)
+    }
+
+    fn watch_event(inbox: &mpsc::Receiver<Event>) -> Arc<Mailbox> {
+        match inbox.recv_timeout(Duration::from_secs(10)) {
+            Ok(Event::Watch(mailbox)) => mailbox,
+            _ => panic!("no watch event"),
+        }
+    }
+
+    #[test]
+    fn a_watcher_that_never_reads_blocks_nobody_and_its_end_gives_its_slot_back() {
+        let pool = Arc::new(Mutex::new(Pool::default()));
+        let (mut client, inbox, served) = connected(&pool);
+        client.write_all(b"{\"op\":\"watch\"}\n").unwrap();
+        let mailbox = watch_event(&inbox);
+        // The loop leaves 64 lines of 1 MiB for a client that reads none: each post returns
+        // at once (its thread's write is stuck on the full socket, not the loop).
+        let big: Arc<str> = format!("{}\n", "x".repeat(1 << 20)).into();
+        for _ in 0..64 {
+            mailbox.post(Arc::clone(&big));
+        }
+        {
+            let pool = lock(&pool);
+            let seat = pool.seats.values().next().expect("seated").seat;
+            assert!(seat.watching_since.is_some() && seat.waiting_since.is_none());
+        }
+        // The client goes: the watch is over and the slot given back.
+        drop(client);
+        served.join().unwrap();
+        assert!(mailbox.is_closed());
+        assert!(lock(&pool).seats.is_empty(), "a slot leaked");
+    }
+
+    #[test]
+    fn a_watcher_gets_each_line_and_its_watch_ends_when_it_sends_anything() {
+        let pool = Arc::new(Mutex::new(Pool::default()));
+        let (client, inbox, served) = connected(&pool);
+        let mut reader = std::io::BufReader::new(client.try_clone().unwrap());
+        let mut client = client;
+        client.write_all(b"{\"op\":\"watch\"}\n").unwrap();
+        let mailbox = watch_event(&inbox);
+        let mut line = String::new();
+        for n in 0..3 {
+            mailbox.post(format!("view {n}\n").into());
+            line.clear();
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+            assert_eq!(line, format!("view {n}\n"));
+        }
+        client.write_all(b"{\"op\":\"status\"}\n").unwrap();
+        served.join().unwrap();
+        assert!(mailbox.is_closed());
+        // The connection is closed (reset, since the service left the request unread).
+        line.clear();
+        let end = std::io::BufRead::read_line(&mut reader, &mut line);
+        assert!(matches!(end, Ok(0) | Err(_)), "{end:?} {line:?}");
+    }
+
+    #[test]
+    fn a_watch_followed_by_more_requests_or_over_the_cap_is_refused_and_requests_go_on() {
+        let pool = Arc::new(Mutex::new(Pool::default()));
+        let (client, inbox, served) = connected(&pool);
+        let mut reader = std::io::BufReader::new(client.try_clone().unwrap());
+        let mut client = client;
+        let answer = |reader: &mut std::io::BufReader<UnixStream>| {
+            let mut line = String::new();
+            std::io::BufRead::read_line(reader, &mut line).unwrap();
+            line
+        };
+        client
+            .write_all(b"{\"op\":\"watch\"}\n{\"op\":\"status\"}\n")
+            .unwrap();
+        let refused = answer(&mut reader);
+        assert!(
+            refused.contains("watch must be the connection's last request"),
+            "{refused}"
+        );
+        // The status after it is carried out as any request.
+        match inbox.recv_timeout(Duration::from_secs(10)) {
+            Ok(Event::Request(Request::Status, reply)) => reply.send(Reply::Done).unwrap(),
+            _ => panic!("no status request"),
+        }
+        assert_eq!(answer(&mut reader), "{\"ok\":true}\n");
+        // Every watcher's place taken (by other peers): refused, and the connection still
+        // takes requests.
+        {
+            let mut pool = lock(&pool);
+            for id in 1000..1000 + MAX_WATCHERS as u64 {
+                let (copy, _) = UnixStream::pair().unwrap();
+                let seat = Seat {
+                    id,
+                    peer: Some(u32::MAX - id as u32),
+                    waiting_since: None,
+                    watching_since: Some(Instant::now()),
+                };
+                let seated = Seated {
+                    seat,
+                    stream: copy,
+                    mailbox: None,
+                };
+                pool.seats.insert(id, seated);
+            }
+        }
+        client.write_all(b"{\"op\":\"watch\"}\n").unwrap();
+        let refused = answer(&mut reader);
+        assert!(
+            refused.contains("16 connections watch the node already"),
+            "{refused}"
+        );
+        drop(client);
+        drop(reader);
+        served.join().unwrap();
     }
 }

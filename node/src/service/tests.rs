@@ -9,9 +9,14 @@ use std::path::PathBuf;
 
 use gpuplex_scheduler::node::{ContainerState, Placement};
 use gpuplex_scheduler::{GpuIndex, VgpuId};
-use gpuplex_wire::protocol::{parse_request, AssignedGpu, DeviceNode, Reply, Request, OPERATIONS};
+use std::sync::{mpsc, Arc};
 
-use super::{fixture, Service};
+use gpuplex_wire::protocol::{
+    parse_request, AssignedGpu, CapacityView, DeviceNode, Reply, Request, OPERATIONS,
+};
+
+use super::watch::Mailbox;
+use super::{fixture, Event, Service};
 
 /// The handle of the first reservation of a [`Fixture`]; the n-th gets `n` in each byte.
 const FIRST: &str = "01010101010101010101010101010101";
@@ -46,6 +51,28 @@ impl Fixture {
         let back: Reply = serde_json::from_str(&text).unwrap();
         assert_eq!(back, reply);
         reply
+    }
+
+    /// Sends `line` as the socket does, through the loop's [`Service::serve_event`], so that the
+    /// watchers are told of what it changed; its reply.
+    fn carry(&mut self, line: &str) -> Reply {
+        let request = parse_request(line.as_bytes()).unwrap();
+        let (reply, answer) = mpsc::channel();
+        assert_eq!(
+            self.service.serve_event(Event::Request(request, reply)),
+            None
+        );
+        answer.try_recv().expect("answered at once")
+    }
+
+    /// A watcher subscribed as the socket subscribes one; its mailbox.
+    fn watch(&mut self) -> Arc<Mailbox> {
+        let mailbox = Arc::new(Mailbox::default());
+        assert_eq!(
+            self.service.serve_event(Event::Watch(Arc::clone(&mailbox))),
+            None
+        );
+        mailbox
     }
 
     /// The vGPU files in the state directory.
@@ -260,6 +287,151 @@ fn events_tell_each_change_of_a_gpus_window_holder() {
     );
     let later = f.ask(r#"{"op":"events","since":1}"#).into_events().unwrap();
     assert!(later.events.is_empty());
+}
+
+/// The view in the line a watcher was left, if any.
+fn view_in(mailbox: &Mailbox) -> Option<CapacityView> {
+    let line = mailbox.try_take()?;
+    assert!(
+        line.ends_with('\n') && line.matches('\n').count() == 1,
+        "{line}"
+    );
+    let reply: Reply = serde_json::from_str(&line).unwrap();
+    Some(reply.into_capacity().expect("a capacity view"))
+}
+
+#[test]
+fn a_watcher_gets_the_view_at_once_and_again_after_each_change_and_only_then() {
+    let mut f = Fixture::new();
+    let watcher = f.watch();
+    let first = view_in(&watcher).expect("a view at once");
+    assert_eq!(first.gpus.len(), 1);
+    let gpu = &first.gpus[0];
+    assert_eq!(
+        (gpu.index, gpu.uuid.as_str(), gpu.memory, gpu.capacity),
+        (0, fixture::GPU_UUID, 16 << 30, 16 << 30)
+    );
+    assert_eq!(gpu.unreserved, 16 << 30);
+    assert!(gpu.fake);
+    assert!(!gpu.healthy, "the fixture GPU's device node was never made");
+    assert!(first.claims.is_empty());
+    // The answer to `watch` through the dispatcher is the same view.
+    let answer = f.ask(r#"{"op":"watch"}"#).into_capacity().unwrap();
+    assert_eq!(answer, first);
+
+    // Nothing changes: nothing is sent.
+    for line in [
+        r#"{"op":"status"}"#,
+        r#"{"op":"events","since":0}"#,
+        r#"{"op":"release","claim":"nobody"}"#,
+        r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"99Gi"}}"#,
+    ] {
+        f.carry(line);
+        assert_eq!(view_in(&watcher), None, "{line}");
+    }
+
+    // A reservation takes memory.
+    let reserved = f.carry(r#"{"op":"reserve","annotations":{"gpuplex.io/gpu-memory":"8Gi"}}"#);
+    let reserved = reserved.into_vgpu().unwrap();
+    let view = view_in(&watcher).expect("a reservation is news");
+    assert_eq!(view.gpus[0].unreserved, 8 << 30);
+    assert!(view.claims.is_empty());
+    // A claim pinned: its key.
+    f.carry(r#"{"op":"pin","claim":"claim-1","gpus":[0],"memory":2147483648}"#);
+    let view = view_in(&watcher).expect("a pin is news");
+    assert_eq!(
+        (view.gpus[0].unreserved, &view.claims[..]),
+        (6 << 30, &["claim-1".to_string()][..])
+    );
+    // Pinned again: the same, nothing sent.
+    f.carry(r#"{"op":"pin","claim":"claim-1","gpus":[0],"memory":2147483648}"#);
+    assert_eq!(view_in(&watcher), None);
+    // The device plugin's units: their allocation's key.
+    f.carry(r#"{"op":"allocate","units":["gpu-0-0","gpu-0-1"],"unit":1073741824}"#);
+    let view = view_in(&watcher).expect("an allocation is news");
+    assert_eq!(view.claims, ["claim-1", "units-gpu-0-0"]);
+    // The kubelet gives unit 1 again: the first allocation ends, the new one's key comes.
+    f.carry(r#"{"op":"allocate","units":["gpu-0-1"],"unit":1073741824}"#);
+    let view = view_in(&watcher).expect("a reallocation is news");
+    assert_eq!(view.claims, ["claim-1", "units-gpu-0-1"]);
+    assert_eq!(view.gpus[0].unreserved, 5 << 30);
+    // Releases.
+    f.carry(r#"{"op":"release","claim":"claim-1"}"#);
+    assert_eq!(view_in(&watcher).unwrap().claims, ["units-gpu-0-1"]);
+    // The view a status shows is the one a watcher is sent.
+    let status = f.ask(r#"{"op":"status"}"#).into_status().unwrap();
+    assert_eq!(CapacityView::of_status(&status), f.service.fresh_view());
+    assert_eq!(CapacityView::of_status(&status).claims, ["units-gpu-0-1"]);
+    f.carry(&format!(r#"{{"op":"release","vgpu":"{}"}}"#, reserved.id));
+    let view = view_in(&watcher).unwrap();
+    assert_eq!(view.gpus[0].unreserved, 15 << 30);
+    assert_eq!(view_in(&watcher), None, "one line per change");
+}
+
+#[test]
+fn a_watcher_that_never_reads_holds_one_line_and_the_service_goes_on() {
+    let mut f = Fixture::new();
+    let slow = f.watch();
+    let quick = f.watch();
+    view_in(&quick).unwrap();
+    // A hundred changes; the slow watcher takes none of them, and nothing waits for it.
+    for n in 0..100 {
+        let line = format!(r#"{{"op":"pin","claim":"c{n:03}","gpus":[0],"memory":1048576}}"#);
+        assert!(f.carry(&line).is_ok());
+        let view = view_in(&quick).expect("each change");
+        assert_eq!(view.claims.len(), n + 1);
+    }
+    // All it holds is the latest view, whole.
+    let latest = view_in(&slow).expect("the latest view");
+    assert_eq!(latest.claims.len(), 100);
+    assert_eq!(view_in(&slow), None);
+    // A watcher whose connection closed is let go; the others go on.
+    slow.close();
+    f.carry(r#"{"op":"release","claim":"c000"}"#);
+    assert_eq!(view_in(&slow), None);
+    assert_eq!(view_in(&quick).unwrap().claims.len(), 99);
+    assert_eq!(f.service.watchers.mailboxes_open(), 1);
+}
+
+#[test]
+fn a_gpus_health_changing_is_news_at_the_sweep_while_someone_watches() {
+    let mut f = Fixture::new();
+    // The fixture GPU's node made a link to /dev/null, as the GPU's numbers say.
+    let null = gpuplex_cgroup::DeviceNumbers::of(std::path::Path::new("/dev/null"))
+        .unwrap()
+        .unwrap();
+    let node = f.dir.path().join("nvidia0");
+    f.service.gpus[0].device = DeviceNode {
+        path: node.clone(),
+        major: null.major,
+        minor: null.minor,
+    };
+    let watcher = f.watch();
+    assert!(!view_in(&watcher).unwrap().gpus[0].healthy);
+    std::os::unix::fs::symlink("/dev/null", &node).unwrap();
+    // Not noticed until the sweep looks.
+    f.service.publish();
+    assert_eq!(view_in(&watcher), None);
+    f.service.watch_health();
+    f.service.publish();
+    assert!(view_in(&watcher).expect("healthy again").gpus[0].healthy);
+    f.service.watch_health();
+    f.service.publish();
+    assert_eq!(view_in(&watcher), None, "no change, no line");
+    fs::remove_file(&node).unwrap();
+    f.service.watch_health();
+    f.service.publish();
+    assert!(!view_in(&watcher).expect("gone").gpus[0].healthy);
+}
+
+#[test]
+fn the_watchers_are_told_their_watch_is_over_at_shutdown() {
+    let mut f = Fixture::new();
+    let watcher = f.watch();
+    view_in(&watcher).unwrap();
+    f.service.shutdown("a test");
+    assert!(watcher.is_closed());
+    assert_eq!(watcher.take(), None);
 }
 
 proptest::proptest! {

@@ -15,12 +15,30 @@
 //! {"op":"allocate","units":["gpu-1-0","gpu-1-1"],"unit":1073741824}
 //! {"op":"status"}
 //! {"op":"events","since":41}
+//! {"op":"watch"}
 //! ```
 //!
 //! `events` answers the changes of each GPU's window holder numbered above `since` (0: all
 //! kept), oldest first, with `first`, the number of the oldest the node still keeps (a bounded
 //! buffer, [`gpuplex_scheduler::node::events::EVENTS_KEPT`]): a client that polls with the last number it
 //! saw misses nothing unless `first` is above it plus one.
+//!
+//! `watch` subscribes: the service answers at once with the node's capacity
+//! ([`CapacityView`]: each GPU's index, UUID, model, memory, capacity, unreserved memory and
+//! health, and the keys of the claims and allocations pinned now), then sends another such line
+//! on the same connection each time that view changes (a request carried out, a reservation
+//! lapsed, a container gone, a GPU's health seen to change at the service's one-second sweep),
+//! until the client closes the connection. The connection carries nothing else: a `watch` with
+//! more requests already sent behind it is refused (they are carried out as usual), and
+//! anything a watcher sends later closes its connection. Each line is the whole view: when a
+//! watcher reads more slowly than the node changes, the views not yet written to it are
+//! replaced by the latest, and one that takes no line for 10 s is closed. Only a few
+//! connections may watch (16 on the node, 4 of one process, whose oldest gives way to its
+//! next); a `watch` over that is refused and the connection takes requests as before.
+//!
+//! ```text
+//! {"ok":true,"capacity":{"gpus":[{"index":0,"uuid":"GPU-...","model":"...","memory":17179869184,"capacity":17179869184,"unreserved":8589934592,"healthy":true}],"claims":["units-gpu-0-0"]}}
+//! ```
 //!
 //! `allocate` is the device plugin's (clusters without DRA): the kubelet gave a container these
 //! units of `gpuplex.io/gpu-memory`, each `unit` bytes; the node pins their vGPU on their GPU as
@@ -62,7 +80,7 @@
 //!
 //! A reply ([`Reply`]) is `{"ok":true,...}` with `vgpu` (reserve, attach, register, pin,
 //! allocate, hold, unhold, stopping; release: the released one, absent when there was none),
-//! `status` or `events`, or `{"ok":false,"error":"<one line>"}`. A line longer than
+//! `status`, `events` or `capacity` (watch), or `{"ok":false,"error":"<one line>"}`. A line longer than
 //! [`MAX_LINE`] bytes, malformed JSON, an unknown operation or an unknown field gets an error
 //! reply; none of them changes anything. Ids and handles in a reply are typed ([`VgpuReply`]):
 //! a reply naming a malformed one does not read.
@@ -74,7 +92,9 @@ mod request;
 pub mod cdi;
 
 pub use parse::{json_kind, parse_request, MAX_UNITS};
-pub use reply::{AssignedGpu, DeviceNode, EventLine, EventsReply, Reply, VgpuReply};
+pub use reply::{
+    AssignedGpu, CapacityView, DeviceNode, EventLine, EventsReply, GpuCapacity, Reply, VgpuReply,
+};
 pub use request::{ProtocolError, Request, MAX_LINE, OPERATIONS, STOP_SIGNALS};
 
 #[cfg(test)]

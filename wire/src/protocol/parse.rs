@@ -144,8 +144,12 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
             let f: EventsFields = serde_json::from_value(rest).map_err(|e| field(e.to_string()))?;
             Ok(Request::Events { since: f.since })
         }
+        "watch" => {
+            serde_json::from_value::<NoFields>(rest).map_err(|e| field(e.to_string()))?;
+            Ok(Request::Watch)
+        }
         _ => {
-            serde_json::from_value::<StatusFields>(rest).map_err(|e| field(e.to_string()))?;
+            serde_json::from_value::<NoFields>(rest).map_err(|e| field(e.to_string()))?;
             Ok(Request::Status)
         }
     }
@@ -248,9 +252,10 @@ struct AllocateFields {
 /// The most units one `allocate` names (a line holds about 6,000 at most anyway).
 pub const MAX_UNITS: usize = 4096;
 
+/// The fields of an operation that takes none (`status`, `watch`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct StatusFields {}
+struct NoFields {}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,8 +11,9 @@ use super::cdi::CdiEdits;
 
 /// The reply to one request: what the request got, or why it got nothing.
 ///
-/// On the wire it is one JSON object: `{"ok":true}` with `vgpu`, `status` or `events` (or none
-/// of them: a release that found nothing), or `{"ok":false,"error":"<one line>"}`. A client
+/// On the wire it is one JSON object: `{"ok":true}` with `vgpu`, `status`, `events` or
+/// `capacity` (or none of them: a release that found nothing), or
+/// `{"ok":false,"error":"<one line>"}`. A client
 /// reads the form its request is answered with ([`Reply::into_vgpu`], ...); any other form is
 /// an answer it cannot read.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +26,8 @@ pub enum Reply {
     Status(Box<NodeStatus>),
     /// The window events asked for.
     Events(EventsReply),
+    /// The node's capacity: the answer to `watch`, and each line a watcher is sent after it.
+    Capacity(Box<CapacityView>),
     /// Not carried out; why, in one line.
     Refused(String),
 }
@@ -41,6 +44,8 @@ struct WireReply {
     status: Option<Box<NodeStatus>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     events: Option<EventsReply>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capacity: Option<Box<CapacityView>>,
 }
 
 impl Serialize for Reply {
@@ -63,6 +68,10 @@ impl Serialize for Reply {
                 events: Some(events),
                 ..ok
             },
+            Reply::Capacity(capacity) => WireReply {
+                capacity: Some(capacity),
+                ..ok
+            },
             Reply::Refused(why) => WireReply {
                 error: Some(why),
                 ..WireReply::default()
@@ -78,16 +87,76 @@ impl<'de> Deserialize<'de> for Reply {
         if !wire.ok {
             return Ok(Reply::refused(wire.error.unwrap_or_default()));
         }
-        match (wire.vgpu, wire.status, wire.events) {
-            (None, None, None) => Ok(Reply::Done),
-            (Some(vgpu), None, None) => Ok(Reply::Vgpu(vgpu)),
-            (None, Some(status), None) => Ok(Reply::Status(status)),
-            (None, None, Some(events)) => Ok(Reply::Events(events)),
+        match (wire.vgpu, wire.status, wire.events, wire.capacity) {
+            (None, None, None, None) => Ok(Reply::Done),
+            (Some(vgpu), None, None, None) => Ok(Reply::Vgpu(vgpu)),
+            (None, Some(status), None, None) => Ok(Reply::Status(status)),
+            (None, None, Some(events), None) => Ok(Reply::Events(events)),
+            (None, None, None, Some(capacity)) => Ok(Reply::Capacity(capacity)),
             _ => Err(serde::de::Error::custom(
-                "a reply has at most one of `vgpu`, `status` and `events`",
+                "a reply has at most one of `vgpu`, `status`, `events` and `capacity`",
             )),
         }
     }
+}
+
+/// What a kubelet plugin needs of the node, and all a watcher is sent (`watch`): each GPU's
+/// size, room and health, and the claims and allocations pinned now. Each line is the whole
+/// view, so a watcher that missed one (or a hundred) misses nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityView {
+    /// Every GPU, by index.
+    pub gpus: Vec<GpuCapacity>,
+    /// The keys of the vGPUs pinned now, sorted: the ResourceClaims' uids (`pin`) and the device
+    /// plugin's allocations (`units-...`, `allocate`), attached or not.
+    pub claims: Vec<String>,
+}
+
+impl CapacityView {
+    /// The view a node's status shows: what `watch` answers at the same instant. A GPU whose
+    /// capacity a service older than `capacity` did not say (0) counts its memory.
+    pub fn of_status(status: &NodeStatus) -> CapacityView {
+        let gpus = (status.gpus.iter())
+            .map(|g| GpuCapacity {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                memory: g.memory,
+                capacity: if g.capacity > 0 { g.capacity } else { g.memory },
+                unreserved: g.unreserved,
+                healthy: g.healthy,
+                fake: g.fake,
+            })
+            .collect();
+        let reserved = status.reservations.iter().filter_map(|r| r.claim.clone());
+        let attached = status.containers.iter().filter_map(|c| c.claim.clone());
+        let mut claims: Vec<String> = reserved.chain(attached).collect();
+        claims.sort();
+        claims.dedup();
+        CapacityView { gpus, claims }
+    }
+}
+
+/// One GPU in a [`CapacityView`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuCapacity {
+    /// Host index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Memory in bytes.
+    pub memory: u64,
+    /// What entitlements may hold on it in all, in bytes: its memory × `memory_overcommit`.
+    pub capacity: u64,
+    /// What no entitlement holds of that, in bytes.
+    pub unreserved: u64,
+    /// Still usable: its device node is there and NVML (when it found it) still reports it.
+    pub healthy: bool,
+    /// Declared in `[[fake_gpu]]` rather than found by NVML.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fake: bool,
 }
 
 /// The answer to `events`.
@@ -196,6 +265,14 @@ impl Reply {
     pub fn into_events(self) -> Option<EventsReply> {
         match self {
             Reply::Events(events) => Some(events),
+            _ => None,
+        }
+    }
+
+    /// The capacity view of the reply, if it is one.
+    pub fn into_capacity(self) -> Option<CapacityView> {
+        match self {
+            Reply::Capacity(capacity) => Some(*capacity),
             _ => None,
         }
     }

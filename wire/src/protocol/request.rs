@@ -13,9 +13,9 @@ use serde::Serialize;
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The operations, as written in `op`.
-pub const OPERATIONS: [&str; 11] = [
+pub const OPERATIONS: [&str; 12] = [
     "reserve", "attach", "register", "release", "hold", "unhold", "stopping", "pin", "allocate",
-    "status", "events",
+    "status", "events", "watch",
 ];
 
 /// The signals a `stopping` request names, and what each is to the scheduler; a request is
@@ -96,6 +96,9 @@ pub enum Request {
         /// The last number the client saw (0: none).
         since: u64,
     },
+    /// The node's capacity now, and on the socket again each time it changes (see the module
+    /// doc): the connection carries nothing else from then on.
+    Watch,
 }
 
 impl Request {
@@ -166,6 +169,7 @@ impl Request {
                 since: Some(*since),
                 ..WireRequest::op("events")
             },
+            Request::Watch => WireRequest::op("watch"),
         }
     }
 }
@@ -255,7 +259,7 @@ pub enum ProtocolError {
     #[error("request is not a JSON object: {}", shown(.0))]
     Json(String),
     /// No `op`, or one that is not known.
-    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events", shown(.0))]
+    #[error("unknown operation {}: expected \"op\" to be one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events, watch", shown(.0))]
     UnknownOp(String),
     /// A field that is missing, unknown, or of the wrong type.
     #[error("{op}: {}", shown(.message))]

@@ -127,6 +127,7 @@ fn every_request_form_reads() {
             },
         ),
         (r#" {"op":"status"} "#, Request::Status),
+        (r#"{"op":"watch"}"#, Request::Watch),
     ];
     for (line, expected) in cases {
         assert_eq!(
@@ -254,6 +255,7 @@ fn each_request_is_written_as_the_protocol_says() {
             Request::Events { since: 41 },
             r#"{"op":"events","since":41}"#,
         ),
+        (Request::Watch, r#"{"op":"watch"}"#),
     ];
     for (request, line) in cases {
         assert_eq!(request.to_line(), format!("{line}\n"));
@@ -333,6 +335,7 @@ fn any_request() -> impl proptest::strategy::Strategy<Value = Request> {
         }),
         Just(Request::Status),
         any::<u64>().prop_map(|since| Request::Events { since }),
+        Just(Request::Watch),
     ]
 }
 
@@ -481,8 +484,13 @@ fn every_malformed_line_gets_its_own_one_line_error() {
             "release: unknown field `signal`",
         ),
         (
+            br#"{"op":"watch","since":1}"#,
+            "watch: unknown field `since`",
+        ),
+        (br#"{"op":"watch","gpus":[0]}"#, "watch: unknown field `gpus`"),
+        (
             br#"{"op":"pause","container":"c"}"#,
-            "one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events",
+            "one of reserve, attach, register, release, hold, unhold, stopping, pin, allocate, status, events, watch",
         ),
     ];
     for (line, expected) in cases {
@@ -540,9 +548,49 @@ fn a_reply_is_one_line_that_reads_back_as_itself() {
     let both = r#"{"ok":true,"events":{"first":1,"events":[]},"status":null,"vgpu":{"id":"vgpu-1","gpus":[],"weight":1,"priority":"normal"}}"#;
     let err = serde_json::from_str::<Reply>(both).unwrap_err().to_string();
     assert!(err.contains("at most one of"), "{err}");
+    let both = r#"{"ok":true,"events":{"first":1,"events":[]},"capacity":{"gpus":[],"claims":[]}}"#;
+    let err = serde_json::from_str::<Reply>(both).unwrap_err().to_string();
+    assert!(err.contains("at most one of"), "{err}");
     let bad_id = r#"{"ok":true,"vgpu":{"id":"../etc","gpus":[],"weight":1,"priority":"normal"}}"#;
     let err = serde_json::from_str::<Reply>(bad_id)
         .unwrap_err()
         .to_string();
     assert!(err.contains("a vGPU id such as `vgpu-7`"), "{err}");
+}
+
+#[test]
+fn a_capacity_view_is_written_as_the_protocol_says_and_reads_back() {
+    let view = CapacityView {
+        gpus: vec![
+            GpuCapacity {
+                index: 0,
+                uuid: "GPU-a".into(),
+                model: "H100".into(),
+                memory: 80 << 30,
+                capacity: 80 << 30,
+                unreserved: 72 << 30,
+                healthy: true,
+                fake: false,
+            },
+            GpuCapacity {
+                index: 1,
+                uuid: "GPU-b".into(),
+                model: "Fake GPU".into(),
+                memory: 16 << 30,
+                capacity: 24 << 30,
+                unreserved: 24 << 30,
+                healthy: false,
+                fake: true,
+            },
+        ],
+        claims: vec!["7f3c".into(), "units-gpu-0-0".into()],
+    };
+    let line = r#"{"ok":true,"capacity":{"gpus":[{"index":0,"uuid":"GPU-a","model":"H100","memory":85899345920,"capacity":85899345920,"unreserved":77309411328,"healthy":true},{"index":1,"uuid":"GPU-b","model":"Fake GPU","memory":17179869184,"capacity":25769803776,"unreserved":25769803776,"healthy":false,"fake":true}],"claims":["7f3c","units-gpu-0-0"]}}"#;
+    let reply = Reply::Capacity(Box::new(view.clone()));
+    assert_eq!(reply.to_line(), format!("{line}\n"));
+    let back: Reply = serde_json::from_str(line).unwrap();
+    assert_eq!(back.into_capacity(), Some(view));
+    // A view missing what a watcher needs does not read as one.
+    let partial = r#"{"ok":true,"capacity":{"gpus":[{"index":0,"uuid":"GPU-a"}],"claims":[]}}"#;
+    assert!(serde_json::from_str::<Reply>(partial).is_err());
 }

@@ -3,21 +3,16 @@ use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiMount};
 
 const GIB: u64 = 1 << 30;
 
-fn gpu(index: u32, capacity: u64, healthy: bool) -> GpuStatus {
-    GpuStatus {
+fn gpu(index: u32, capacity: u64, healthy: bool) -> GpuCapacity {
+    GpuCapacity {
         index,
         uuid: format!("GPU-fake-{index}"),
         model: "Fake".into(),
         memory: capacity,
-        fake: true,
         capacity,
-        healthy,
         unreserved: capacity,
-        holder: None,
-        busy_seconds: 0.0,
-        switches: 0,
-        containers: Vec::new(),
-        reservations: Vec::new(),
+        healthy,
+        fake: true,
     }
 }
 
@@ -41,6 +36,17 @@ fn each_gpu_offers_its_capacity_in_whole_units_with_its_health() {
     assert_eq!(listed, expected);
     assert_eq!(most_on_one_gpu(&gpus, GIB), 3);
     assert_eq!(devices(&gpus, 512 << 20).len(), 5 + 6);
+}
+
+#[test]
+fn units_not_seen_are_listed_unhealthy_with_their_ids() {
+    let gpus = [gpu(0, 2 * GIB, true), gpu(1, GIB, false)];
+    let listed = devices(&gpus, GIB);
+    let unseen = unseen(&listed);
+    let ids = |d: &[dp::Device]| d.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&unseen), ids(&listed));
+    assert!(unseen.iter().all(|d| d.health == UNHEALTHY));
+    assert!(super::unseen(&[]).is_empty());
 }
 
 fn edits() -> CdiEdits {
