@@ -336,7 +336,10 @@ pub fn gpuplex_toml(data: &[u8]) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("gpuplex.toml");
     std::fs::write(&path, &text).expect("write the file");
-    let hook = gpuplex_hook::stages::HookContext::from_config("precreate", Some(&path));
+    let hook = gpuplex_hook::stages::HookContext::from_config(
+        gpuplex_wire::stage::Stage::Precreate,
+        Some(&path),
+    );
     let raw = dir.path().join("raw.toml");
     std::fs::write(&raw, data).expect("write the file");
     if let Err(e) = gpuplex_wire::config::NodeConfig::load(&raw, true) {
@@ -487,15 +490,18 @@ pub fn oci_state(data: &[u8]) {
     let socket = dir.path().join("no-service.sock");
     let toml = format!("[service]\nsocket = {:?}\n", socket.display().to_string());
     std::fs::write(&config, toml).expect("write gpuplex.toml");
-    let ctx = gpuplex_hook::stages::HookContext::from_config("precreate", Some(&config))
-        .expect("a context from a good gpuplex.toml");
+    let ctx = gpuplex_hook::stages::HookContext::from_config(
+        gpuplex_wire::stage::Stage::Precreate,
+        Some(&config),
+    )
+    .expect("a context from a good gpuplex.toml");
     // Whether the stages read the config as gpuplex's (unreadable counts).
     let ours = match serde_json::from_slice::<Value>(data) {
         Ok(config) => !spec::gpuplex_annotations(&config).is_empty(),
         Err(_) => true,
     };
     assert_eq!(
-        gpuplex_hook::stages::concerns_gpuplex("precreate", data),
+        gpuplex_hook::stages::concerns_gpuplex(gpuplex_wire::stage::Stage::Precreate, data),
         ours
     );
     match gpuplex_hook::stages::precreate(&ctx, data) {

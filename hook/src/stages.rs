@@ -27,6 +27,7 @@ use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU
 use gpuplex_scheduler::{Handle, VgpuId};
 use gpuplex_wire::config::{CdiSettings, NodeConfig, DEFAULT_CONFIG};
 use gpuplex_wire::protocol::VgpuReply;
+use gpuplex_wire::stage::Stage;
 use gpuplex_wire::{ClientError, NodeClient};
 use serde_json::{json, Value};
 
@@ -41,7 +42,7 @@ use gpuplex_wire::identity::{self, Identity};
 #[error("gpuplex-hook {stage}: {message}")]
 pub struct HookError {
     /// The stage.
-    pub stage: &'static str,
+    pub stage: Stage,
     /// What failed, why, and what to do.
     pub message: String,
 }
@@ -53,27 +54,32 @@ pub struct HookContext {
     pub socket: PathBuf,
     /// Where identity files live.
     pub identity_dir: PathBuf,
-    /// This hook, as later stages are to run it; none when the caller attaches and releases the
-    /// container itself (the containerd shim).
-    pub hook: Option<HookCommand>,
+    /// Who runs these steps: the hook, or the containerd shim.
+    pub caller: Caller,
     /// The node's name, for identities.
     pub node: String,
     /// Where the GPUs' CDI spec is, and its kind.
     pub cdi: CdiSettings,
-    /// Whether the annotations naming a Kubernetes pod and namespace come from the runtime
-    /// (the containerd shim under CRI) and are passed on to the node service, where the
-    /// namespace decides what the pod may ask for (`[policy]`); a podman or runc user writes
+}
+
+/// Who runs the hook library's steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// `gpuplex-hook`, run again at the later stages as this command (the spec gets it at
+    /// `createRuntime` and `poststop`, with the handle to attach with).
+    Hook(HookCommand),
+    /// The containerd shim, which attaches and releases the container itself (the spec gets
+    /// no hook and no handle), and under CRI, where the annotations naming a Kubernetes pod
+    /// and namespace come from the runtime: they are passed on to the node service, where the
+    /// namespace decides what the pod may ask for (`[policy]`). A podman or runc user writes
     /// them as freely as any annotation, so the hook never passes them on.
-    pub pod_from_runtime: bool,
+    Shim,
 }
 
 impl HookContext {
     /// The context from the configuration `named` (`--config`, else `$GPUPLEX_CONFIG`), else
     /// the default file, which may be absent; read and checked as the node service reads it.
-    pub fn from_config(
-        stage: &'static str,
-        named: Option<&Path>,
-    ) -> Result<HookContext, HookError> {
+    pub fn from_config(stage: Stage, named: Option<&Path>) -> Result<HookContext, HookError> {
         let (path, was_named) = match named {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(DEFAULT_CONFIG), false),
@@ -98,15 +104,28 @@ impl HookContext {
         Ok(HookContext {
             identity_dir: identity::identity_dir(&socket),
             socket,
-            hook: Some(HookCommand {
+            caller: Caller::Hook(HookCommand {
                 path: exe,
                 args,
                 env: Vec::new(),
             }),
             node,
             cdi,
-            pod_from_runtime: false,
         })
+    }
+
+    /// The same context, for the containerd shim ([`Caller::Shim`]).
+    pub fn for_shim(mut self) -> HookContext {
+        self.caller = Caller::Shim;
+        self
+    }
+
+    /// The command later stages run, when the hook is the caller.
+    fn hook_command(&self) -> Option<&HookCommand> {
+        match &self.caller {
+            Caller::Hook(command) => Some(command),
+            Caller::Shim => None,
+        }
     }
 
     /// The same context, talking to the node service at `socket` (`--socket`: the socket a
@@ -117,12 +136,12 @@ impl HookContext {
         self
     }
 
-    fn client(&self, stage: &'static str) -> Result<NodeClient, HookError> {
+    fn client(&self, stage: Stage) -> Result<NodeClient, HookError> {
         NodeClient::connect(&self.socket).map_err(|e| service_error(stage, e))
     }
 }
 
-fn service_error(stage: &'static str, e: ClientError) -> HookError {
+fn service_error(stage: Stage, e: ClientError) -> HookError {
     let message = match e {
         ClientError::Refused(why) => format!("the gpuplex node service refused: {why}"),
         other => other.to_string(),
@@ -155,9 +174,9 @@ fn pod_annotations(
 /// asks for no vGPU (no `gpuplex.io/` annotation), so that an unrelated container is never
 /// touched, even when gpuplex's own configuration is broken. Unreadable input is "ours": the
 /// stage then reports what is wrong with it.
-pub fn concerns_gpuplex(stage: &str, input: &[u8]) -> bool {
+pub fn concerns_gpuplex(stage: Stage, input: &[u8]) -> bool {
     match stage {
-        "precreate" => match serde_json::from_slice::<Value>(input) {
+        Stage::Precreate | Stage::ShimCreate => match serde_json::from_slice::<Value>(input) {
             Ok(config) => !spec::gpuplex_annotations(&config).is_empty(),
             Err(_) => true,
         },
@@ -189,7 +208,7 @@ pub fn precreate_for_podman(ctx: &HookContext, input: &[u8]) -> Result<Vec<u8>, 
     let Some(object) = config.as_object_mut() else {
         return Err(error);
     };
-    let hook_path = ctx.hook.as_ref().map(|hook| hook.path.clone());
+    let hook_path = ctx.hook_command().map(|hook| hook.path.clone());
     let fail = json!({
         "path": hook_path.unwrap_or_else(|| PathBuf::from("/usr/local/bin/gpuplex-hook")),
         "args": ["gpuplex-hook", "fail", error.to_string()],
@@ -227,7 +246,7 @@ pub struct Prepared {
 /// `gpuplex.io/` annotation, reserves a vGPU, writes its identity and edits the config; `None`
 /// for any other config. On failure nothing stays reserved or written.
 pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, HookError> {
-    const STAGE: &str = "precreate";
+    const STAGE: Stage = Stage::Precreate;
     let fail = |message: String| HookError {
         stage: STAGE,
         message,
@@ -247,7 +266,7 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
     }
     let mut client = ctx.client(STAGE)?;
     let mut annotations = annotations;
-    if ctx.pod_from_runtime {
+    if ctx.caller == Caller::Shim {
         annotations.extend(pod_annotations(
             config.get("annotations").and_then(Value::as_object),
         ));
@@ -281,7 +300,7 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
         }
     };
     // The handle goes into the spec only for a hook that attaches with it; the shim keeps it.
-    let handle_in_spec = ctx.hook.as_ref().map(|_| handle);
+    let handle_in_spec = ctx.hook_command().map(|_| handle);
     let edited = injection(ctx, &vgpu, file, handle_in_spec)
         .and_then(|inj| edit_with_cdi(&config, &inj, &vgpu))
         .map_err(fail);
@@ -353,16 +372,12 @@ fn injection(
         uuids: vgpu.gpus.iter().map(|g| g.uuid.clone()).collect(),
         devices,
         identity_file,
-        hook: ctx.hook.clone(),
+        hook: ctx.hook_command().cloned(),
     })
 }
 
 /// `createRuntime` (or `prestart`): attach, or register and inject.
-pub fn create_runtime(
-    ctx: &HookContext,
-    stage: &'static str,
-    input: &[u8],
-) -> Result<(), HookError> {
+pub fn create_runtime(ctx: &HookContext, stage: Stage, input: &[u8]) -> Result<(), HookError> {
     let fail = |message: String| HookError { stage, message };
     let state = OciState::parse(input).map_err(|e| fail(e.to_string()))?;
     let bundle = state.config().map_err(|e| fail(e.to_string()))?;
@@ -398,7 +413,7 @@ pub fn create_runtime(
 /// `attach HANDLE` at createRuntime: a container of a Kubernetes claim's pod attaches to the
 /// claim's vGPU (see [`crate::claim`]). On failure nothing changes: the claim keeps its vGPU.
 pub fn attach_claim(ctx: &HookContext, handle: &str, input: &[u8]) -> Result<(), HookError> {
-    const STAGE: &str = "attach";
+    const STAGE: Stage = Stage::Attach;
     let fail = |message: String| HookError {
         stage: STAGE,
         message,
@@ -423,7 +438,7 @@ pub fn attach_claim(ctx: &HookContext, handle: &str, input: &[u8]) -> Result<(),
 /// released this way: it is its claim's.
 fn attach(
     ctx: &HookContext,
-    stage: &'static str,
+    stage: Stage,
     handle: &Handle,
     container: &str,
     pid: u32,
@@ -447,14 +462,14 @@ fn attach(
 /// A runc/crun container that listed the hook itself: registered and injected from outside.
 fn register(
     ctx: &HookContext,
-    stage: &'static str,
+    stage: Stage,
     state: &OciState,
     bundle: &BundleConfig,
     annotations: BTreeMap<String, String>,
     pid: u32,
 ) -> Result<(), HookError> {
     let fail = |message: String| HookError { stage, message };
-    // No pod or namespace: a runc user's config says what it likes (see `pod_from_runtime`).
+    // No pod or namespace: a runc user's config says what it likes (see `Caller::Shim`).
     let mut client = ctx.client(stage)?;
     let vgpu = client
         .register(&state.id, &Target::Pid(pid), &annotations, true)
@@ -516,7 +531,7 @@ fn inject_registered(
 /// `poststop`: release the container's vGPU: by the handle its spec carries (podman), else by
 /// its container id (a runc/crun container that registered itself).
 pub fn poststop(ctx: &HookContext, input: &[u8]) -> Result<(), HookError> {
-    const STAGE: &str = "poststop";
+    const STAGE: Stage = Stage::Poststop;
     let state = OciState::parse(input).map_err(|e| HookError {
         stage: STAGE,
         message: e.to_string(),

@@ -12,12 +12,15 @@
 //! - [`config`]: `gpuplex.toml` ([`config::NodeConfig`]), where it is
 //!   ([`config::config_path`]), every check of every key;
 //! - [`identity`]: the vGPU identity files a container sees at `/run/gpuplex/vgpu.json`,
-//!   written by the hook and the shim, removed by them or by the node service.
+//!   written by the hook and the shim, removed by them or by the node service;
+//! - [`stage`]: [`stage::Stage`], the step of a container's life the hook (or the shim's
+//!   `Create`) acts at, named on the hook's command line and at the start of its errors.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod identity;
 pub mod protocol;
 pub mod socket;
+pub mod stage;
 
 pub use socket::{ClientError, NodeClient, DEFAULT_SOCKET};

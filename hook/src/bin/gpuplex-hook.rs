@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use caps::{CapSet, Capability, CapsHashSet};
 use gpuplex_hook::stages::{self, HookContext};
 use gpuplex_wire::config::{config_path, CONFIG_ENV};
+use gpuplex_wire::stage::Stage;
 
 const USAGE: &str = "\
 usage: gpuplex-hook [--config PATH] precreate|createRuntime|prestart|poststop
@@ -32,9 +33,9 @@ Exit codes: 0 done, 1 the stage failed (one line on stderr says why), 2 usage.";
 /// none. createRuntime/prestart may inject a container from outside: entering its mount
 /// namespace (SYS_ADMIN, SYS_CHROOT), reading /proc/PID/ns of a non-dumpable process
 /// (SYS_PTRACE), creating device nodes (MKNOD), writing its device cgroup (DAC_OVERRIDE).
-fn kept(stage: &str) -> CapsHashSet {
+fn kept(stage: Option<Stage>) -> CapsHashSet {
     match stage {
-        "createRuntime" | "prestart" => [
+        Some(Stage::CreateRuntime | Stage::Prestart) => [
             Capability::CAP_SYS_ADMIN,
             Capability::CAP_SYS_CHROOT,
             Capability::CAP_SYS_PTRACE,
@@ -47,7 +48,8 @@ fn kept(stage: &str) -> CapsHashSet {
     }
 }
 
-fn drop_capabilities(stage: &str) -> Result<(), String> {
+/// Drops every capability `stage` does not keep (`None`: the `fail` step, which keeps none).
+fn drop_capabilities(stage: Option<Stage>) -> Result<(), String> {
     let keep = kept(stage);
     let have = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
     let keep: CapsHashSet = keep.intersection(&have).copied().collect();
@@ -115,7 +117,7 @@ fn main() -> ExitCode {
     if stage == "fail" {
         // A container whose precreate failed: its runtime runs this at createRuntime, and shows
         // the line podman would have dropped.
-        let _ = drop_capabilities("fail");
+        let _ = drop_capabilities(None);
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         eprintln!(
             "{}",
@@ -123,22 +125,14 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(1);
     }
-    let stage: &'static str = match stage.as_str() {
-        "precreate" => "precreate",
-        "createRuntime" | "createruntime" => "createRuntime",
-        "prestart" => "prestart",
-        "poststop" => "poststop",
-        "attach" => "attach",
-        other => {
-            return usage(&format!(
-                "unknown stage {other:?}: expected precreate, createRuntime, prestart, poststop or attach"
-            ))
-        }
+    let stage: Stage = match stage.parse() {
+        Ok(stage) => stage,
+        Err(e) => return usage(&e.to_string()),
     };
-    if stage == "attach" && handle.is_none() {
+    if stage == Stage::Attach && handle.is_none() {
         return usage("attach needs the claim's handle");
     }
-    if let Err(e) = drop_capabilities(stage) {
+    if let Err(e) = drop_capabilities(Some(stage)) {
         eprintln!("gpuplex-hook {stage}: cannot drop capabilities: {e}");
         return ExitCode::from(1);
     }
@@ -150,9 +144,9 @@ fn main() -> ExitCode {
         eprintln!("gpuplex-hook {stage}: cannot read stdin: {e}");
         return ExitCode::from(1);
     }
-    if stage != "attach" && !stages::concerns_gpuplex(stage, &input) {
+    if stage != Stage::Attach && !stages::concerns_gpuplex(stage, &input) {
         // Not a gpuplex container: precreate hands the config back as it came.
-        if stage == "precreate" {
+        if stage == Stage::Precreate {
             let mut out = std::io::stdout();
             if out.write_all(&input).and_then(|()| out.flush()).is_err() {
                 return ExitCode::from(1);
@@ -165,7 +159,7 @@ fn main() -> ExitCode {
         None => ctx,
     });
     let result = context.and_then(|ctx| match stage {
-        "precreate" => stages::precreate_for_podman(&ctx, &input).and_then(|out| {
+        Stage::Precreate => stages::precreate_for_podman(&ctx, &input).and_then(|out| {
             std::io::stdout()
                 .write_all(&out)
                 .and_then(|()| std::io::stdout().flush())
@@ -174,9 +168,14 @@ fn main() -> ExitCode {
                     message: format!("cannot write the config to stdout: {e}"),
                 })
         }),
-        "createRuntime" | "prestart" => stages::create_runtime(&ctx, stage, &input),
-        "attach" => stages::attach_claim(&ctx, handle.as_deref().unwrap_or_default(), &input),
-        _ => stages::poststop(&ctx, &input),
+        Stage::CreateRuntime | Stage::Prestart => stages::create_runtime(&ctx, stage, &input),
+        Stage::Attach => stages::attach_claim(&ctx, handle.as_deref().unwrap_or_default(), &input),
+        Stage::Poststop => stages::poststop(&ctx, &input),
+        // Not a name the command line reads (`Stage::from_str`): the shim's own step.
+        Stage::ShimCreate => Err(stages::HookError {
+            stage,
+            message: "create is the containerd shim's step, not a hook stage".into(),
+        }),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

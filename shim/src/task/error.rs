@@ -104,7 +104,7 @@ mod tests {
         );
         let (code, message) = status(TaskError::Vgpu(VgpuError::Refused(
             gpuplex_hook::stages::HookError {
-                stage: "create",
+                stage: gpuplex_wire::stage::Stage::ShimCreate,
                 message: "gpuplex.io/weight: 0 is not in 1..=100".into(),
             },
         )));

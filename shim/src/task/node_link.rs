@@ -14,6 +14,7 @@ use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
 use gpuplex_wire::config::{config_path, CONFIG_ENV};
 use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::stage::Stage;
 use gpuplex_wire::NodeClient;
 
 use super::vgpu::{Node, Reservation, Vgpu, VgpuError, SERVICE_START};
@@ -34,14 +35,10 @@ impl NodeLink {
     pub fn from_env() -> NodeLink {
         let env = std::env::var_os(CONFIG_ENV);
         let (config, named) = config_path(None, env.as_deref());
-        let ctx =
-            HookContext::from_config("create", named.then_some(config.as_path())).map(|mut ctx| {
-                // The shim attaches and releases the container itself: no hook in the spec.
-                ctx.hook = None;
-                // Under CRI the pod's name and namespace are CRI's, not the pod's owner's.
-                ctx.pod_from_runtime = true;
-                ctx
-            });
+        // The shim attaches and releases the container itself (no hook in the spec), and under
+        // CRI the pod's name and namespace are CRI's, not the pod's owner's.
+        let ctx = HookContext::from_config(Stage::ShimCreate, named.then_some(config.as_path()))
+            .map(HookContext::for_shim);
         NodeLink { ctx, config, named }
     }
 

@@ -47,7 +47,7 @@ impl StubNode {
         self.journal.write(format!("node {line}"));
         match self.failing.lock().unwrap().get(call) {
             Some(why) => Err(VgpuError::Refused(HookError {
-                stage: "create",
+                stage: gpuplex_wire::stage::Stage::ShimCreate,
                 message: why.clone(),
             })),
             None => Ok(()),
