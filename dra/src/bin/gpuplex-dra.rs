@@ -45,8 +45,10 @@ The node service must run on this node.
   --plugin-dir DIR    this driver's socket directory (default: /var/lib/kubelet/plugins/gpuplex.io)
   --kubelet-socket PATH  the device plugin's: the kubelet's registration socket, beside which
                       its own goes (default: /var/lib/kubelet/device-plugins/kubelet.sock)
-  --poll DURATION     the device plugin's: how often the node's GPUs and the kubelet's socket
-                      are looked at (default: 2s)
+  --poll DURATION     the device plugin's: how often the kubelet's socket is looked at, and
+                      the longest wait between tries to reach the node service again once its
+                      watch is lost (the node's GPUs are not polled: the service sends each
+                      change) (default: 2s)
   GPUPLEX_LOG         log filter (default: info)
 
 The API server is found as kubectl finds it: in a pod, its service account; else $KUBECONFIG.
