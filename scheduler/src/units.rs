@@ -75,6 +75,17 @@ pub enum UnitsError {
     /// No unit at all.
     #[error("no {RESOURCE} unit was given")]
     None,
+    /// A unit beyond those its GPU offers (or of a GPU the node does not have).
+    #[error("{RESOURCE} unit {unit} is not one this node lists: GPU {} offers {}", unit.gpu.0, offered_range(*unit, *offered))]
+    Unlisted {
+        /// The unit.
+        unit: UnitId,
+        /// How many units its GPU offers.
+        offered: u64,
+    },
+    /// The same unit given to two containers of one `Allocate` request.
+    #[error("{RESOURCE} unit {0} was given to two containers of one Allocate request; the kubelet gives a unit to one container at a time")]
+    Shared(UnitId),
     /// Units on more than one GPU: one vGPU's memory is on one GPU.
     #[error("the kubelet gave this container {RESOURCE} on GPUs {gpus} ({units} units of {unit}); a vGPU's memory is on one GPU: ask for at most {most} (the most one GPU of this node offers), on a node with a GPU that has them free, or use DRA")]
     Spread {
@@ -87,6 +98,46 @@ pub enum UnitsError {
         /// The most units one GPU offers.
         most: u64,
     },
+}
+
+/// `offered` units of `unit`'s GPU, as a refusal says them: `40 units (gpu-0-0 to gpu-0-39)`.
+fn offered_range(unit: UnitId, offered: u64) -> String {
+    match offered {
+        0 => "no units".to_owned(),
+        1 => format!("1 unit (gpu-{}-0)", unit.gpu.0),
+        n => format!("{n} units (gpu-{0}-0 to gpu-{0}-{1})", unit.gpu.0, n - 1),
+    }
+}
+
+/// Checks that every unit is one that its GPU offers: `offered(gpu)` units numbered from 0, as
+/// [`units_of`] lists them (0 for a GPU the node does not have). A unit the kubelet was never
+/// shown (`gpu-0-99999`) stands for memory no one counted.
+pub fn check_offered(
+    units: &[UnitId],
+    offered: impl Fn(GpuIndex) -> u64,
+) -> Result<(), UnitsError> {
+    match units.iter().find(|u| u64::from(u.n) >= offered(u.gpu)) {
+        Some(unit) => Err(UnitsError::Unlisted {
+            unit: *unit,
+            offered: offered(unit.gpu),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks that no unit is given to two containers of one `Allocate` request (`containers`,
+/// each container's units): allocated one after the other, the second would end the first's
+/// allocation and leave it a handle already released.
+pub fn check_disjoint(containers: &[Vec<UnitId>]) -> Result<(), UnitsError> {
+    let mut owner = BTreeMap::new();
+    for (i, units) in containers.iter().enumerate() {
+        for unit in units {
+            if owner.insert(*unit, i).is_some_and(|first| first != i) {
+                return Err(UnitsError::Shared(*unit));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The units each GPU offers: `capacity` bytes (its memory × `memory_overcommit`) in units of

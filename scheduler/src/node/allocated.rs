@@ -45,7 +45,8 @@ impl Node {
     /// Pins the vGPU of the units the kubelet gave one container (`units`, each `unit` bytes,
     /// all on one GPU), first releasing every allocation that holds any of them; the same units
     /// again get the same vGPU, releasing nothing. Its container attaches with `handle` (the
-    /// existing one's for the same units). Refused when the units are none, repeat, or span GPUs,
+    /// existing one's for the same units). Refused when the units are none, repeat, span GPUs or are not
+    /// among those their GPU offers ([`units::check_offered`]: its limit in units of `unit`),
     /// or when their memory does not fit the GPU (memory reserved outside the kubelet's count);
     /// earlier allocations holding the units stay released then, as the kubelet has said they
     /// are over.
@@ -57,6 +58,7 @@ impl Node {
         now: Instant,
     ) -> Result<Allocated, NodeError> {
         let placement = units::placement_of(units, unit, 0)?;
+        units::check_offered(units, |gpu| self.inventory.limit(gpu) / unit.max(1))?;
         let mut asked = units.to_vec();
         asked.sort_unstable();
         let key = allocation_key(&asked).ok_or(NodeError::Units(units::UnitsError::None))?;

@@ -96,6 +96,42 @@ fn allocate_reads_one_gpus_units_as_its_memory_and_refuses_a_spread() {
     );
 }
 
+#[test]
+fn a_unit_its_gpu_does_not_offer_is_refused_in_one_line() {
+    let offered = |gpu: GpuIndex| if gpu.0 == 0 { 40 } else { 1 };
+    assert_eq!(
+        check_offered(&[u(0, 0), u(0, 39), u(1, 0)], offered),
+        Ok(())
+    );
+    let e = check_offered(&[u(0, 3), u(0, 99999)], offered).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "gpuplex.io/gpu-memory unit gpu-0-99999 is not one this node lists: GPU 0 offers 40 units (gpu-0-0 to gpu-0-39)"
+    );
+    let e = check_offered(&[u(1, 1)], offered).unwrap_err();
+    assert!(
+        e.to_string().ends_with("GPU 1 offers 1 unit (gpu-1-0)"),
+        "{e}"
+    );
+    let e = check_offered(&[u(7, 0)], |_| 0).unwrap_err();
+    assert!(e.to_string().ends_with("GPU 7 offers no units"), "{e}");
+}
+
+#[test]
+fn one_unit_given_to_two_containers_of_a_request_is_refused() {
+    let fine = [vec![u(0, 0), u(0, 1)], vec![u(0, 2)], vec![u(1, 0)]];
+    assert_eq!(check_disjoint(&fine), Ok(()));
+    let shared = [vec![u(0, 0), u(0, 1)], vec![u(0, 2), u(0, 1)]];
+    let e = check_disjoint(&shared).unwrap_err();
+    assert_eq!(e, UnitsError::Shared(u(0, 1)));
+    assert!(!e.to_string().contains('\n'));
+    assert!(
+        e.to_string()
+            .contains("gpu-0-1 was given to two containers"),
+        "{e}"
+    );
+}
+
 fn free_units() -> impl Strategy<Value = Vec<UnitId>> {
     proptest::collection::vec(0u32..8, 0..4).prop_map(|free| {
         free.iter()

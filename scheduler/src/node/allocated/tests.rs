@@ -128,6 +128,28 @@ fn units_that_cannot_make_one_vgpu_are_refused_and_change_nothing() {
 }
 
 #[test]
+fn units_the_gpu_does_not_offer_are_refused_and_change_nothing() {
+    let mut n = node();
+    let kept = n.allocate(&units(0, 0..2), GIB, handle(1), at(0)).unwrap();
+    // Two 40 GiB GPUs in units of 1 GiB: gpu-<0|1>-0 to -39.
+    for beyond in [units(0, [99999]), units(0, [38, 40]), units(2, [0])] {
+        let err = n.allocate(&beyond, GIB, handle(2), at(1)).unwrap_err();
+        assert!(
+            matches!(err, NodeError::Units(units::UnitsError::Unlisted { .. })),
+            "{err}"
+        );
+    }
+    assert!(n.allocate(&units(1, [39]), GIB, handle(3), at(2)).is_ok());
+    // Units of 4 GiB: ten per GPU.
+    let err = n
+        .allocate(&units(1, [10]), 4 * GIB, handle(4), at(3))
+        .unwrap_err();
+    assert!(err.to_string().contains("GPU 1 offers 10 units"), "{err}");
+    assert!(n.record(kept.vgpu).is_some());
+    assert_eq!(n.records().count(), 2);
+}
+
+#[test]
 fn units_beyond_what_is_free_outside_the_kubelets_count_are_refused() {
     let mut n = node();
     // 36 GiB of GPU 1 reserved by a container outside Kubernetes.
