@@ -169,12 +169,19 @@ pub fn write(dir: &Path, uid: &str, edits: &CdiEdits) -> Result<PathBuf, CdiErro
     std::fs::create_dir_all(dir).map_err(io("create", dir))?;
     let temp = dir.join(format!(".gpuplex.io-vgpu-{uid}.json.tmp"));
     let bytes = serde_json::to_vec_pretty(&spec_json(uid, edits)).expect("JSON");
+    // Whatever is at the temporary name (a write cut short, or a file, hard link or symlink
+    // planted there) is unlinked, never written through: the spec goes into a file made here,
+    // so that it is root's alone (0600) and nowhere but in `dir`.
+    match std::fs::remove_file(&temp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io("remove the leftover", &temp)(e))
+        }
+        _ => {}
+    }
     let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        // A link planted at the temporary name is not followed.
         .custom_flags(libc::O_NOFOLLOW)
         .open(&temp)
         .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
@@ -201,3 +208,5 @@ pub fn remove(dir: &Path, uid: &str) -> Result<(), CdiError> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

@@ -380,14 +380,24 @@ impl dp::device_plugin_server::DevicePlugin for DevicePlugin {
     ) -> Result<Response<dp::AllocateResponse>, Status> {
         let mut response = dp::AllocateResponse::default();
         let most = self.devices.borrow().most;
-        for asked in request.into_inner().container_requests {
-            let ids = asked.devices_ids;
-            let placed = units::placement(&ids, self.config.unit, most);
-            if let Err(e) = placed {
+        let asked = request.into_inner().container_requests;
+        // Every container's units are checked before any is pinned: a request refused here
+        // pins nothing.
+        let mut containers = Vec::with_capacity(asked.len());
+        for ids in asked.into_iter().map(|c| c.devices_ids) {
+            if let Err(e) = units::placement(&ids, self.config.unit, most) {
                 tracing::warn!("{RESOURCE}: Allocate of {} refused: {e}", ids.join(","));
                 return Err(Status::invalid_argument(e.to_string()));
             }
             let units: Vec<UnitId> = ids.iter().filter_map(|id| id.parse().ok()).collect();
+            containers.push((ids, units));
+        }
+        let all: Vec<Vec<UnitId>> = containers.iter().map(|(_, u)| u.clone()).collect();
+        if let Err(e) = units::check_disjoint(&all) {
+            tracing::warn!("{RESOURCE}: Allocate refused: {e}");
+            return Err(Status::invalid_argument(e.to_string()));
+        }
+        for (ids, units) in containers {
             let config = Arc::clone(&self.config);
             let made = tokio::task::spawn_blocking(move || allocate_one(&config, &units))
                 .await

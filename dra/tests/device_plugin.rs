@@ -238,6 +238,32 @@ fn the_kubelet_registers_lists_prefers_and_allocates_units_and_the_plugin_surviv
             "{forged:?}"
         );
 
+        // A unit no GPU lists (the kubelet was never shown gpu-0-99999) pins nothing.
+        let beyond = allocate(ids(0, [99999])).await.unwrap_err();
+        let line = beyond.message();
+        assert!(
+            line.contains("gpu-0-99999 is not one this node lists: GPU 0 offers 16 units")
+                && !line.contains('\n'),
+            "{beyond:?}"
+        );
+        assert_eq!(service.status()["gpus"][0]["unreserved"], 16 * GIB);
+        // Two containers of one request given the same unit: refused whole, before either is
+        // pinned (allocated in turn, the second would end the first's allocation).
+        let request = dp::AllocateRequest {
+            container_requests: vec![
+                dp::ContainerAllocateRequest { devices_ids: ids(0, 0..3) },
+                dp::ContainerAllocateRequest { devices_ids: ids(0, 2..4) },
+            ],
+        };
+        let shared = dp.clone().allocate(request).await.unwrap_err();
+        assert_eq!(shared.code(), tonic::Code::InvalidArgument);
+        assert!(
+            shared.message().contains("gpu-0-2 was given to two containers"),
+            "{shared:?}"
+        );
+        assert_eq!(service.status()["gpus"][0]["unreserved"], 16 * GIB);
+        assert_eq!(service.status()["reservations"].as_array().unwrap().len(), 1);
+
         // GPU 0's device node disappears: its units turn unhealthy, and healthy again when
         // it is back.
         let node = &service.devices[0];

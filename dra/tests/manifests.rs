@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
@@ -87,6 +88,7 @@ fn every_shipped_manifest_parses_into_its_type_with_no_unknown_field() {
                 "ClusterRole" => check::<ClusterRole>(&path, written),
                 "ClusterRoleBinding" => check::<ClusterRoleBinding>(&path, written),
                 "DaemonSet" => check::<DaemonSet>(&path, written),
+                "NetworkPolicy" => check::<NetworkPolicy>(&path, written),
                 other => panic!("{}: no test knows kind {other:?}", path.display()),
             }
         }
@@ -110,4 +112,30 @@ fn the_daemonsets_gpuplex_toml_is_valid_and_switches_to_the_device_plugin_in_one
     assert_eq!(config.kubernetes.plugin, KubeletPlugin::DevicePlugin);
     // The plugin's container sees the kubelet's device plugin directory.
     assert!(text.contains("mountPath: /var/lib/kubelet/device-plugins"));
+}
+
+#[test]
+fn the_metrics_policy_admits_the_daemonsets_pods_on_the_metrics_port_only() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kubernetes");
+    let read = |name: &str| -> Value {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "NetworkPolicy" || d["kind"] == "DaemonSet")
+            .unwrap()
+    };
+    let policy = read("metrics-networkpolicy.yaml");
+    let daemonset = read("gpuplex.yaml");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        daemonset["spec"]["template"]["metadata"]["labels"]
+    );
+    assert_eq!(policy["metadata"]["namespace"], daemonset["metadata"]["namespace"]);
+    assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["ports"], serde_json::json!([{"protocol": "TCP", "port": 9400}]));
+    // The port is the one gpuplex.toml's documentation gives as metrics_listen's example.
+    let toml = std::fs::read_to_string(dir.join("../gpuplex.toml")).unwrap();
+    assert!(toml.contains("\"127.0.0.1:9400\""), "config/gpuplex.toml: metrics_listen's example");
 }

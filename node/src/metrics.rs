@@ -19,12 +19,19 @@
 //! them (backslash, double quote, newline), so a value can never end its label or its line
 //! (a test holds it to that).
 //!
-//! The server is deliberately small: one thread, one connection at a time, a short timeout on
-//! each, `Connection: close`. It is meant for a scraper on the node or the cluster network, off
-//! unless `metrics_listen` is set.
+//! The server is small: a thread per connection, at most [`Limits::connections`] at once and
+//! [`Limits::per_peer`] from one address (more are closed at once), each given
+//! [`Limits::deadline`] in all to send its request and take the answer, `Connection: close`.
+//! Connections that send half a request and wait cannot hold a scrape up: they take at most their
+//! address's share of the slots, for at most the deadline. It is meant for a scraper on the node
+//! or the cluster network, off unless `metrics_listen` is set; on a pod network, the
+//! NetworkPolicy in `config/kubernetes/metrics-networkpolicy.yaml` admits the scraper's
+//! namespace only.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -41,6 +48,71 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// How long one connection may take to send its request and receive the answer.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many connections the endpoint answers at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// For one connection, to send its request and take the answer ([`CONNECTION_TIMEOUT`]).
+    pub deadline: Duration,
+    /// Open at once, in all (64).
+    pub connections: usize,
+    /// Open at once from one IP address (8): a scraper elsewhere is answered whatever one
+    /// address holds open.
+    pub per_peer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            deadline: CONNECTION_TIMEOUT,
+            connections: 64,
+            per_peer: 8,
+        }
+    }
+}
+
+/// The connections open now, in all and per address.
+#[derive(Default)]
+struct Open {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+/// One connection's place among the open ones, given back when it is dropped.
+struct Slot {
+    open: Arc<Mutex<Open>>,
+    peer: IpAddr,
+}
+
+impl Slot {
+    /// A place for a connection from `peer`, unless `limits` are reached.
+    fn take(open: &Arc<Mutex<Open>>, peer: IpAddr, limits: &Limits) -> Option<Slot> {
+        let mut now = open.lock().unwrap_or_else(|e| e.into_inner());
+        let from_peer = now.per_peer.get(&peer).copied().unwrap_or(0);
+        if now.total >= limits.connections || from_peer >= limits.per_peer {
+            return None;
+        }
+        now.total += 1;
+        now.per_peer.insert(peer, from_peer + 1);
+        Some(Slot {
+            open: Arc::clone(open),
+            peer,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut now = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        now.total -= 1;
+        if let Some(count) = now.per_peer.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                now.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
 
 /// The longest request head read, in bytes.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -231,38 +303,61 @@ fn gpu_labels(index: u32, uuid: &str, model: &str, host: &str) -> Labels {
     ]
 }
 
-/// Answers HTTP requests on `listener` on a thread of its own, for as long as the process
-/// lives: `GET` (or `HEAD`) `/metrics` with [`render`] of what `status` returns (503 when it
-/// returns `None`), anything else with 404, a request line it cannot read with 400. A failed
-/// connection is logged and skipped.
+/// Answers HTTP requests on `listener` on threads of their own, for as long as the process
+/// lives, within `limits`: `GET` (or `HEAD`) `/metrics` with [`render`] of what `status`
+/// returns (503 when it returns `None`), anything else with 404, a request line it cannot read
+/// with 400. A connection beyond the limits is closed unanswered; a failed one is logged and
+/// skipped.
 pub fn serve(
     listener: TcpListener,
-    status: impl Fn() -> Option<NodeStatus> + Send + 'static,
+    limits: Limits,
+    status: impl Fn() -> Option<NodeStatus> + Send + Sync + 'static,
 ) -> io::Result<thread::JoinHandle<()>> {
+    let status = Arc::new(status);
+    let open = Arc::new(Mutex::new(Open::default()));
     thread::Builder::new()
         .name("gpuplex-metrics".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                match stream {
-                    Ok(stream) => {
-                        if let Err(e) = answer(stream, &status) {
-                            tracing::debug!("metrics: a connection failed: {e}");
-                        }
-                    }
+                let stream = match stream {
+                    Ok(stream) => stream,
                     Err(e) => {
                         tracing::warn!("metrics: cannot accept a connection: {e}");
                         // Out of file descriptors and the like: do not spin.
                         thread::sleep(Duration::from_millis(100));
+                        continue;
                     }
+                };
+                let Ok(peer) = stream.peer_addr() else {
+                    continue;
+                };
+                let Some(slot) = Slot::take(&open, peer.ip(), &limits) else {
+                    tracing::debug!("metrics: {peer}: too many connections open, closed");
+                    continue;
+                };
+                let status = Arc::clone(&status);
+                let spawned = thread::Builder::new()
+                    .name("gpuplex-metrics-conn".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        if let Err(e) = answer(stream, limits.deadline, &*status) {
+                            tracing::debug!("metrics: {peer}: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("metrics: cannot start a thread for {peer}: {e}");
                 }
             }
         })
 }
 
-fn answer(mut stream: TcpStream, status: &dyn Fn() -> Option<NodeStatus>) -> io::Result<()> {
-    stream.set_read_timeout(Some(CONNECTION_TIMEOUT))?;
-    stream.set_write_timeout(Some(CONNECTION_TIMEOUT))?;
-    let head = read_head(&mut stream)?;
+fn answer(
+    mut stream: TcpStream,
+    deadline: Duration,
+    status: &dyn Fn() -> Option<NodeStatus>,
+) -> io::Result<()> {
+    let deadline = Instant::now() + deadline;
+    let head = read_head(&mut stream, deadline)?;
     let request_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let request_line = String::from_utf8_lossy(request_line);
     let mut parts = request_line.split_whitespace();
@@ -296,14 +391,18 @@ fn answer(mut stream: TcpStream, status: &dyn Fn() -> Option<NodeStatus>) -> io:
     if method != Some("HEAD") {
         response.push_str(&body);
     }
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::ErrorKind::TimedOut.into());
+    }
+    stream.set_write_timeout(Some(left))?;
     stream.write_all(response.as_bytes())?;
     stream.flush()
 }
 
 /// Reads up to the blank line that ends the request head, within [`MAX_REQUEST`] bytes and
-/// [`CONNECTION_TIMEOUT`] in all. A head cut short is returned as it is.
-fn read_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
-    let deadline = Instant::now() + CONNECTION_TIMEOUT;
+/// by `deadline`. A head cut short is returned as it is.
+fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Vec<u8>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while head.len() < MAX_REQUEST && !ends_head(&head) {
@@ -650,7 +749,7 @@ mod tests {
     fn serves_metrics_and_404_and_survives_garbage() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        serve(listener, || Some(status())).unwrap();
+        serve(listener, Limits::default(), || Some(status())).unwrap();
         let reply = get(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
         let (head, body) = reply.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
@@ -671,8 +770,124 @@ mod tests {
 
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        serve(listener, || None).unwrap();
+        serve(listener, Limits::default(), || None).unwrap();
         let reply = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
         assert!(reply.starts_with("HTTP/1.1 503 "), "{reply}");
+    }
+
+    /// A connection to `to` from the loopback address `source` (all of 127/8 is local).
+    fn connect_from(source: [u8; 4], to: std::net::SocketAddr) -> TcpStream {
+        use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType};
+        use nix::sys::socket::{SockaddrIn, SockaddrStorage};
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let [a, b, c, d] = source;
+        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::new(a, b, c, d, 0)).unwrap();
+        connect(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrStorage::from(to),
+        )
+        .unwrap();
+        TcpStream::from(fd)
+    }
+
+    /// Whether the server closed `stream` (end of file or reset), without waiting.
+    fn closed(stream: &mut TcpStream) -> bool {
+        stream.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        !matches!(stream.read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Waits until `want` of `streams` are closed by the server, within 20 s.
+    fn wait_closed(streams: &mut [TcpStream], want: usize) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = streams.iter_mut().filter(|s| closed(s)).count();
+            if now >= want || Instant::now() > deadline {
+                return now;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn half_sent_requests_from_one_address_do_not_hold_up_a_scrape() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A deadline far longer than the test: what holds a slot holds it throughout.
+        let limits = Limits {
+            deadline: Duration::from_secs(120),
+            ..Limits::default()
+        };
+        serve(listener, limits, || Some(status())).unwrap();
+        let mut attackers: Vec<TcpStream> = (0..300)
+            .map(|_| {
+                let mut s = connect_from([127, 0, 0, 2], addr);
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x").unwrap();
+                s
+            })
+            .collect();
+        // The scraper, elsewhere: answered now, not after the attackers' deadlines.
+        let mut scrape = connect_from([127, 0, 0, 1], addr);
+        scrape.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        scrape.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        scrape.read_to_string(&mut reply).expect("the scrape answered within 30 s");
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        // The attacking address's share is held; every other connection of it was closed.
+        assert_eq!(wait_closed(&mut attackers, 300 - 8), 300 - 8);
+        assert_eq!(attackers.iter_mut().filter(|s| closed(s)).count(), 300 - 8);
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_in_all_are_closed_unanswered() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            deadline: Duration::from_secs(120),
+            connections: 4,
+            per_peer: 2,
+        };
+        serve(listener, limits, || Some(status())).unwrap();
+        let mut held = Vec::new();
+        for source in [[127, 0, 0, 2], [127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 3]] {
+            held.push(connect_from(source, addr));
+        }
+        let mut extra = vec![
+            connect_from([127, 0, 0, 3], addr),
+            connect_from([127, 0, 0, 4], addr),
+        ];
+        assert_eq!(wait_closed(&mut extra, 2), 2);
+        assert_eq!(held.iter_mut().filter(|s| closed(s)).count(), 0);
+        // One finishes: its slot is free again.
+        let mut first = held.remove(0);
+        first.set_nonblocking(false).unwrap();
+        first.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        first.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // Its slot is given back just after it is answered: a connection refused meanwhile is
+        // closed unanswered (or reset), and asked again.
+        let try_get = || -> io::Result<String> {
+            let mut stream = TcpStream::connect(addr)?;
+            stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")?;
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply)?;
+            Ok(reply)
+        };
+        let answered = loop {
+            match try_get() {
+                Ok(reply) if !reply.is_empty() => break reply,
+                _ if Instant::now() > deadline => panic!("no slot given back within 20 s"),
+                _ => thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        assert!(answered.starts_with("HTTP/1.1 200 OK\r\n"), "{answered}");
     }
 }

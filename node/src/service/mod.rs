@@ -645,7 +645,7 @@ pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
             tracing::info!("metrics: http://{local}/metrics");
         }
         let asker: Sender<Event> = events.clone();
-        crate::metrics::serve(listener, move || {
+        crate::metrics::serve(listener, crate::metrics::Limits::default(), move || {
             let (tx, rx) = mpsc::channel();
             asker.send(Event::Status(tx)).ok()?;
             rx.recv_timeout(Duration::from_secs(5)).ok()
