@@ -23,8 +23,11 @@
 
 mod cdi;
 mod enforce;
+mod enforced;
+mod enforcer;
 mod exits;
 pub mod fixture;
+mod freezer;
 mod leftovers;
 mod recover;
 mod requests;
@@ -37,7 +40,6 @@ mod unstarted;
 pub mod watch;
 pub mod watchdog;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -49,14 +51,14 @@ use gpuplex_wire::protocol::{Reply, Request};
 use crate::activity::{ActivitySampler, ActivitySource, Watched};
 use crate::gpus::{self, GpuSource, NodeGpu};
 use crate::state::{
-    unix_ms, NodeLock, SavedAccounting, SavedFreezer, SavedFrozen, SavedGpuAccounting,
-    SavedVgpuAccounting, StateDir, StateError,
+    unix_ms, NodeLock, SavedAccounting, SavedGpuAccounting, SavedVgpuAccounting, StateDir,
+    StateError,
 };
 use gpuplex_cgroup::{CgroupError, Hierarchies};
 use gpuplex_wire::config::NodeConfig;
 
 use cdi::CdiSpecs;
-use enforce::Enforced;
+use enforcer::Enforcer;
 use watchdog::Watchdog;
 
 /// What the service's loop is told.
@@ -122,7 +124,8 @@ pub struct Service {
     hierarchies: Hierarchies,
     state: StateDir,
     sampler: ActivitySampler,
-    enforced: BTreeMap<VgpuId, Enforced>,
+    /// The attached vGPUs' cgroups, frozen and thawed as decided, and the frozen list.
+    enforcer: Enforcer,
     origin: std::time::Instant,
     node_name: String,
     /// The GPUs' CDI spec, as containers get it.
@@ -134,10 +137,8 @@ pub struct Service {
     last_stop_check: std::time::Instant,
     /// The node, owned (kept for the process's life).
     lock: NodeLock,
-    /// The frozen list as last written (`None`: not written yet).
-    frozen_saved: Option<Vec<SavedFreezer>>,
     /// What thaws the frozen list if the service dies; `None` when it could not be (re)started,
-    /// and then nothing is frozen.
+    /// and then nothing is frozen (the enforcer is told: [`Service::set_watchdog`]).
     watchdog: Option<Watchdog>,
     /// The exits of containers' processes (`None`: no epoll; the sweep sees them).
     exit_watch: Option<exits::ExitWatch>,
@@ -204,7 +205,7 @@ impl Service {
             "watchdog: pid {}; it thaws what the service froze if the service dies",
             watchdog.pid()
         );
-        service.watchdog = Some(watchdog);
+        service.set_watchdog(Some(watchdog));
         Ok(service)
     }
 
@@ -278,6 +279,11 @@ impl Service {
         let uuids = found.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
         let service = &config.service;
         let cdi = CdiSpecs::load(&service.cdi_spec_dirs, &service.cdi_kind, uuids);
+        let enforcer = Enforcer::new(
+            Box::new(freezer::Kernel),
+            state.clone(),
+            service.freeze_timeout,
+        );
         Ok(Service {
             node,
             gpus: found.gpus,
@@ -285,7 +291,7 @@ impl Service {
             hierarchies,
             state,
             sampler: ActivitySampler::new(source),
-            enforced: BTreeMap::new(),
+            enforcer,
             origin: std::time::Instant::now(),
             node_name,
             cdi,
@@ -294,7 +300,6 @@ impl Service {
             last_stop_check: std::time::Instant::now(),
             config,
             lock,
-            frozen_saved: None,
             watchdog: None,
             exit_watch: exits::ExitWatch::new()
                 .inspect_err(|e| {
@@ -317,48 +322,23 @@ impl Service {
         if !self.watchdog.as_mut().is_none_or(Watchdog::has_exited) {
             return;
         }
-        self.watchdog = None;
+        self.set_watchdog(None);
         match Watchdog::spawn(self.state.path(), &self.lock) {
             Ok(w) => {
                 tracing::warn!("watchdog: it was gone; started again as pid {}", w.pid());
-                self.watchdog = Some(w);
+                self.set_watchdog(Some(w));
             }
             Err(e) => {
                 tracing::error!("watchdog: cannot start it ({e}); nothing is frozen until it runs");
-                self.thaw_all();
+                self.enforcer.thaw_all();
             }
         }
     }
 
-    /// Writes the frozen list: every cgroup the service froze, and those of `about` (about to be
-    /// frozen), when it changed. False when it could not be written: then nothing more may be
-    /// frozen, since neither the watchdog nor a restart would know to thaw it.
-    fn record_frozen(&mut self, about: &[VgpuId]) -> bool {
-        let mut list: Vec<SavedFreezer> = self
-            .enforced
-            .iter()
-            .filter(|(v, e)| !e.held && (e.frozen_since.is_some() || about.contains(v)))
-            .flat_map(|(_, e)| e.members.iter().map(|m| SavedFreezer::of(&m.cgroup)))
-            .collect();
-        list.sort();
-        list.dedup();
-        if self.frozen_saved.as_ref() == Some(&list) {
-            return true;
-        }
-        let saved = SavedFrozen {
-            format: crate::state::FORMAT,
-            frozen: list.clone(),
-        };
-        match self.state.save_frozen(&saved) {
-            Ok(()) => {
-                self.frozen_saved = Some(list);
-                true
-            }
-            Err(e) => {
-                tracing::error!("{e}; nothing is frozen until the frozen list can be written");
-                false
-            }
-        }
+    /// The watchdog now; the enforcer freezes only while there is one.
+    fn set_watchdog(&mut self, watchdog: Option<Watchdog>) {
+        self.enforcer.set_watched(watchdog.is_some());
+        self.watchdog = watchdog;
     }
 
     /// The scheduler's clock. It starts at `reservation_ttl`, not 0, so that a recovered
@@ -444,8 +424,8 @@ impl Service {
         self.keep_watchdog();
         if self.last_exit_sweep.elapsed() >= EXIT_SWEEP {
             self.last_exit_sweep = std::time::Instant::now();
-            let exited: Vec<(VgpuId, Vec<String>)> = (self.enforced.iter_mut())
-                .map(|(&vgpu, e)| (vgpu, e.gone(vgpu)))
+            let exited: Vec<(VgpuId, Vec<String>)> = (self.enforcer.iter_mut())
+                .map(|(vgpu, e)| (vgpu, e.gone(vgpu)))
                 .filter(|(_, gone)| !gone.is_empty())
                 .collect();
             for (vgpu, gone) in exited {
@@ -461,25 +441,25 @@ impl Service {
             self.notice_stops();
         }
         let mut joining = Vec::new();
-        for (vgpu, e) in self.enforced.iter_mut() {
+        for (vgpu, e) in self.enforcer.iter_mut() {
             let frozen = e.frozen_since.is_some() && !e.held;
             for m in &mut e.members {
                 if m.unstarted.is_some_and(|u| u.has_started()) {
                     m.unstarted = None;
                     tracing::debug!("{vgpu} ({}): started; sampled from now on", m.container);
                     if frozen {
-                        joining.push((*vgpu, m.cgroup.clone()));
+                        joining.push((vgpu, m.cgroup.clone()));
                     }
                 }
             }
         }
-        self.freeze_joining(joining);
+        self.enforcer.freeze_joining(joining);
         let node = &self.node;
         let mut watched: Vec<Watched<'_>> = self
-            .enforced
+            .enforcer
             .iter_mut()
             .filter(|(_, e)| !e.held && e.frozen_since.is_none())
-            .filter_map(|(&vgpu, e)| {
+            .filter_map(|(vgpu, e)| {
                 let readers: Vec<_> = (e.members.iter_mut())
                     .filter(|m| m.unstarted.is_none())
                     .map(|m| &mut m.reader)
@@ -581,8 +561,13 @@ impl Service {
             g.healthy = gpu.is_some_and(|n| gpus::healthy(n, &self.source));
         }
         for c in &mut status.containers {
-            if let Some(e) = c.vgpu.parse().ok().and_then(|v| self.enforced.get(&v)) {
-                c.frozen_seconds = e.frozen_seconds().as_secs_f64();
+            if let Some(t) = c
+                .vgpu
+                .parse()
+                .ok()
+                .and_then(|v| self.enforcer.frozen_time(v))
+            {
+                c.frozen_seconds = t.as_secs_f64();
             }
         }
         status
@@ -590,7 +575,7 @@ impl Service {
 
     fn shutdown(&mut self, why: &str) {
         self.watchers.close_all();
-        let frozen = self.thaw_all();
+        let frozen = self.enforcer.thaw_all();
         self.checkpoint();
         tracing::info!(
             "stopping ({why}): thawed {frozen} frozen container(s); {} registration(s) stay in {} for the next start",

@@ -16,7 +16,7 @@ use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
-use super::enforce::{Enforced, Member};
+use super::enforced::{Enforced, Member};
 use super::leftovers;
 use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
@@ -59,7 +59,7 @@ impl Service {
         }
         self.carry_over_accounting();
         // Nothing is frozen now: the list says so before the first freeze adds to it.
-        self.record_frozen(&[]);
+        self.enforcer.record_frozen(&[]);
         if kept + dropped > 0 {
             tracing::info!(
                 "recovered {kept} registration(s) from {}; dropped {dropped}",
@@ -107,7 +107,7 @@ impl Service {
                 ..VgpuStats::default()
             };
             if self.node.carry_over_vgpu_stats(vgpu, stats) {
-                if let Some(e) = self.enforced.get_mut(&vgpu) {
+                if let Some(e) = self.enforcer.get_mut(vgpu) {
                     e.frozen_total = secs(a.frozen_seconds);
                 }
             }
@@ -262,7 +262,7 @@ impl Service {
                         .map_or("", |a| a.container.as_str())
                 );
             }
-            self.enforced.insert(id, enforced);
+            self.enforcer.insert(id, enforced);
             self.watch_exits(id);
         }
         if dropped {

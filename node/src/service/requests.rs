@@ -16,7 +16,7 @@ use gpuplex_scheduler::{Handle, VgpuId};
 use gpuplex_wire::protocol::cdi::CdiEdits;
 use gpuplex_wire::protocol::{EventsReply, Reply, Request, VgpuReply};
 
-use super::enforce::{Enforced, Member};
+use super::enforced::Member;
 use super::unstarted::Unstarted;
 use super::Service;
 use crate::gpus::GpuSource;
@@ -309,7 +309,7 @@ impl Service {
         if self.node.is_held(vgpu) == held {
             return self.reply(vgpu);
         }
-        if !self.enforced.contains_key(&vgpu) {
+        if !self.enforcer.contains(vgpu) {
             return Reply::refused(format!("{vgpu} has no cgroup the node service enforces"));
         }
         let saved = self.saved(vgpu, held);
@@ -325,13 +325,10 @@ impl Service {
             return Reply::refused(e);
         }
         let container = self.container_of(vgpu);
-        if let Some(e) = self.enforced.get_mut(&vgpu) {
-            e.set_held(held);
-        }
         // A freeze of the service's became its user's pause: the watchdog must not undo it.
-        self.record_frozen(&[]);
-        if let Some(e) = self.enforced.get(&vgpu) {
-            let frozen = (e.members.iter()).any(|m| m.cgroup.is_frozen().unwrap_or(false));
+        self.enforcer.set_held(vgpu, held);
+        if self.enforcer.contains(vgpu) {
+            let frozen = self.enforcer.reads_frozen(vgpu);
             if held {
                 tracing::info!(
                     "{vgpu} ({container}): held (paused by its user): no window, never frozen or thawed by gpuplex until unhold"
@@ -363,7 +360,7 @@ impl Service {
 
     /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
     pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
-        let enforced = self.enforced.iter().flat_map(|(v, e)| {
+        let enforced = self.enforcer.iter().flat_map(|(v, e)| {
             (e.members.iter()).map(move |m| (format!("{v} (container {})", m.container), &m.cgroup))
         });
         let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
@@ -389,21 +386,11 @@ impl Service {
         if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
             member.unstarted = Unstarted::of(*pid);
         }
-        match self.enforced.get_mut(&vgpu) {
-            Some(e) => e.members.push(member),
-            None => {
-                self.enforced.insert(vgpu, Enforced::new(member));
-            }
-        }
+        self.enforcer.add(vgpu, member);
         if let Err(e) = self.save_enforced(vgpu) {
             tracing::error!("{vgpu}: {e}");
             let now = self.now();
-            if let Some(e) = self.enforced.get_mut(&vgpu) {
-                e.members.retain(|m| m.container != attachment.container);
-                if e.members.is_empty() {
-                    self.enforced.remove(&vgpu);
-                }
-            }
+            self.enforcer.withdraw(vgpu, &attachment.container);
             if self.node.detach(vgpu, &attachment.container, now).is_none() {
                 self.node.release(&ReleaseKey::Vgpu(vgpu), now);
                 let _ = self.state.remove(vgpu);
@@ -432,7 +419,7 @@ impl Service {
         let reserved_at = SystemTime::now()
             .checked_sub(age)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let enforced = self.enforced.get(&vgpu);
+        let enforced = self.enforcer.get(vgpu);
         let mut attachments = record.attachments.iter().filter_map(|a| {
             let member = enforced?.member(&a.container)?;
             let mut saved = saved_attachment(a, &member.cgroup);

@@ -49,7 +49,7 @@ impl Service {
     /// Looks for stop signals pending in the containers the service froze.
     pub(super) fn notice_stops(&mut self) {
         let mut stops = Vec::new();
-        for (&vgpu, e) in &mut self.enforced {
+        for (vgpu, e) in self.enforcer.iter_mut() {
             if e.held || e.frozen_since.is_none() {
                 continue;
             }
@@ -79,10 +79,7 @@ impl Service {
             StopSignal::Graceful => "a stop signal",
         };
         if thaw == Some(Action::Thaw(vgpu)) {
-            if let Some(e) = self.enforced.get_mut(&vgpu) {
-                let _ = e.thaw(vgpu);
-            }
-            self.record_frozen(&[]);
+            self.enforcer.thaw(vgpu);
             tracing::info!(
                 "{vgpu} ({container}): {name}, which {why}: thawed, and out of windows while it stops"
             );
