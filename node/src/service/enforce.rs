@@ -51,7 +51,7 @@ impl Service {
     /// its next ones attach).
     pub(super) fn container_exited(&mut self, vgpu: VgpuId, container: &str) {
         let now = self.now();
-        if let Some(detached) = self.node.detach(vgpu, container, now) {
+        if let Some(detached) = self.registry.node_mut().detach(vgpu, container, now) {
             let claim = detached.record.claim.as_deref().unwrap_or_default();
             let left = detached.record.attachments.len() - 1;
             tracing::info!(
@@ -65,7 +65,7 @@ impl Service {
             }
             return;
         }
-        if let Some(released) = self.node.release(&ReleaseKey::Vgpu(vgpu), now) {
+        if let Some(released) = (self.registry.node_mut()).release(&ReleaseKey::Vgpu(vgpu), now) {
             tracing::info!(
                 "{vgpu} ({container}): its processes are gone; released ({:.3} GPU seconds, {} windows)",
                 released.stats.as_ref().map_or(0.0, |s| s.gpu_time.as_secs_f64()),
@@ -89,7 +89,7 @@ impl Service {
                 identities.display()
             );
         }
-        if let Err(e) = self.state.remove(vgpu) {
+        if let Err(e) = self.registry.remove(vgpu) {
             tracing::error!("{vgpu}: {e}; a restart would recover it, and then drop it if its container is gone");
         }
     }

@@ -1,7 +1,9 @@
 //! The node service: this machine's scheduler, enforced.
 //!
-//! One thread owns everything that changes ([`Service`]): the scheduler's [`Node`], the freezer
-//! cgroups, the activity sampler and the state directory. Everything else talks to it through
+//! One thread owns everything that changes ([`Service`]): the scheduler's [`Node`] and the
+//! state directory (`registry.rs`: a registration's change saved before it is answered), the
+//! freezer cgroups and the frozen list (`enforcer.rs`, over a freezer trait: `freezer.rs`), the
+//! activity sampler. Everything else talks to it through
 //! one channel of [`Event`]s: the socket's connection threads (requests, watches), the metrics
 //! endpoint (status), the signal thread (shutdown). The loop sleeps in `recv_timeout` until the
 //! next activity sample or the scheduler's next decision instant, whichever is first: no
@@ -30,6 +32,9 @@ pub mod fixture;
 mod freezer;
 mod leftovers;
 mod recover;
+mod registry;
+#[cfg(test)]
+mod registry_tests;
 mod requests;
 mod socket;
 pub mod stop;
@@ -59,6 +64,7 @@ use gpuplex_wire::config::NodeConfig;
 
 use cdi::CdiSpecs;
 use enforcer::Enforcer;
+use registry::Registry;
 use watchdog::Watchdog;
 
 /// What the service's loop is told.
@@ -118,15 +124,14 @@ pub enum ServiceError {
 /// The node service's state, owned by its loop.
 pub struct Service {
     config: NodeConfig,
-    node: Node,
+    /// The node's registrations, saved before they are answered.
+    registry: Registry,
     gpus: Vec<NodeGpu>,
     source: GpuSource,
     hierarchies: Hierarchies,
-    state: StateDir,
     sampler: ActivitySampler,
     /// The attached vGPUs' cgroups, frozen and thawed as decided, and the frozen list.
     enforcer: Enforcer,
-    origin: std::time::Instant,
     node_name: String,
     /// The GPUs' CDI spec, as containers get it.
     cdi: CdiSpecs,
@@ -142,9 +147,6 @@ pub struct Service {
     watchdog: Option<Watchdog>,
     /// The exits of containers' processes (`None`: no epoll; the sweep sees them).
     exit_watch: Option<exits::ExitWatch>,
-    /// Where new reservations' handles come from: the kernel's random source
-    /// ([`requests::fresh_handle`]), or a sequence a test predicts.
-    handles: HandleSource,
     /// The connections watching the node's capacity.
     watchers: watch::Watchers,
 }
@@ -199,8 +201,8 @@ impl Service {
             lock,
         })?;
         service.recover()?;
-        let watchdog =
-            Watchdog::spawn(service.state.path(), &service.lock).map_err(ServiceError::Watchdog)?;
+        let watchdog = Watchdog::spawn(service.registry.state().path(), &service.lock)
+            .map_err(ServiceError::Watchdog)?;
         tracing::info!(
             "watchdog: pid {}; it thaws what the service froze if the service dies",
             watchdog.pid()
@@ -284,15 +286,14 @@ impl Service {
             state.clone(),
             service.freeze_timeout,
         );
+        let registry = Registry::new(node, state, config.scheduler.reservation_ttl);
         Ok(Service {
-            node,
+            registry,
             gpus: found.gpus,
             source: found.source,
             hierarchies,
-            state,
             sampler: ActivitySampler::new(source),
             enforcer,
-            origin: std::time::Instant::now(),
             node_name,
             cdi,
             last_checkpoint: std::time::Instant::now(),
@@ -306,7 +307,6 @@ impl Service {
                     tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}")
                 })
                 .ok(),
-            handles: Box::new(requests::fresh_handle),
             watchers: watch::Watchers::default(),
         })
     }
@@ -314,7 +314,7 @@ impl Service {
     /// Draws new reservations' handles from `handles` instead of the kernel's random source:
     /// for tests and the fuzz target, whose requests attach what they reserved.
     pub fn draw_handles_from(&mut self, handles: HandleSource) {
-        self.handles = handles;
+        self.registry.draw_handles_from(handles);
     }
 
     /// Restarts the watchdog if it exited; without one, nothing is frozen.
@@ -323,7 +323,7 @@ impl Service {
             return;
         }
         self.set_watchdog(None);
-        match Watchdog::spawn(self.state.path(), &self.lock) {
+        match Watchdog::spawn(self.registry.state().path(), &self.lock) {
             Ok(w) => {
                 tracing::warn!("watchdog: it was gone; started again as pid {}", w.pid());
                 self.set_watchdog(Some(w));
@@ -341,10 +341,9 @@ impl Service {
         self.watchdog = watchdog;
     }
 
-    /// The scheduler's clock. It starts at `reservation_ttl`, not 0, so that a recovered
-    /// reservation can be dated before the service started.
+    /// The scheduler's clock ([`Registry::now`]).
     fn now(&self) -> Instant {
-        Instant::from_duration(self.origin.elapsed() + self.config.scheduler.reservation_ttl)
+        self.registry.now()
     }
 
     /// Runs the loop until a [`Event::Shutdown`] arrives or every sender is gone, then thaws
@@ -454,7 +453,7 @@ impl Service {
             }
         }
         self.enforcer.freeze_joining(joining);
-        let node = &self.node;
+        let node = self.registry.node();
         let mut watched: Vec<Watched<'_>> = self
             .enforcer
             .iter_mut()
@@ -488,7 +487,7 @@ impl Service {
         drop(watched);
         let now = self.now();
         for (vgpu, has_work) in samples {
-            self.node.observe(vgpu, has_work, now);
+            self.registry.node_mut().observe(vgpu, has_work, now);
         }
         if self.last_checkpoint.elapsed() >= ACCOUNTING_CHECKPOINT {
             self.checkpoint();
@@ -501,7 +500,7 @@ impl Service {
         let status = self.status();
         let accounting = SavedAccounting {
             format: crate::state::FORMAT,
-            next_vgpu: Some(self.node.next_id()),
+            next_vgpu: Some(self.registry.node().next_id()),
             vgpus: status
                 .containers
                 .iter()
@@ -528,14 +527,15 @@ impl Service {
                 })
                 .collect(),
         };
-        if let Err(e) = self.state.save_accounting(&accounting) {
+        if let Err(e) = self.registry.state().save_accounting(&accounting) {
             tracing::warn!("{e}; a restart would lose the accounting since the last save");
         }
     }
 
     /// Decides and carries the decision out; returns when to decide again at the latest.
     fn decide(&mut self) -> Option<Instant> {
-        let decision = self.node.decide(self.now());
+        let now = self.now();
+        let decision = self.registry.node_mut().decide(now);
         for lapsed in &decision.lapsed {
             tracing::info!(
                 "{}: reservation lapsed: no container attached within {:?}",
@@ -551,7 +551,7 @@ impl Service {
 
     /// The status, with what only the service knows.
     pub fn status(&self) -> NodeStatus {
-        let mut status = self.node.status(self.now());
+        let mut status = self.registry.node().status(self.now());
         status.node = self.node_name.clone();
         status.activity = self.sampler.source().name().to_string();
         status.cdi = self.cdi.state().to_owned();
@@ -579,8 +579,8 @@ impl Service {
         self.checkpoint();
         tracing::info!(
             "stopping ({why}): thawed {frozen} frozen container(s); {} registration(s) stay in {} for the next start",
-            self.node.records().count(),
-            self.state.path().display()
+            self.registry.node().records().count(),
+            self.registry.state().path().display()
         );
     }
 }

@@ -38,7 +38,7 @@ pub(super) fn stop_signal(pending: PendingSignals) -> Option<StopSignal> {
 impl Service {
     /// `stopping` on the socket: the container of `key` is being sent `signal`.
     pub(super) fn stopping(&mut self, key: &ReleaseKey, signal: StopSignal) -> Reply {
-        let vgpu = match self.node.attached(key) {
+        let vgpu = match self.registry.node().attached(key) {
             Ok(v) => v,
             Err(e) => return Reply::refused(e),
         };
@@ -72,7 +72,8 @@ impl Service {
 
     /// Carries out the scheduler's answer to a stop: the thaw, if it was frozen.
     fn stop(&mut self, vgpu: VgpuId, signal: StopSignal, why: &str) {
-        let thaw = self.node.stopping(vgpu, signal, self.now());
+        let now = self.now();
+        let thaw = self.registry.node_mut().stopping(vgpu, signal, now);
         let container = self.container_of(vgpu);
         let name = match signal {
             StopSignal::Kill => "SIGKILL",
