@@ -1,13 +1,17 @@
 //! The service's side of enforcement: the scheduler's orders handed to the [`Enforcer`]
-//! (`enforcer.rs`, over a [`Freezer`](super::freezer::Freezer)), and containers let go of when
-//! their processes are gone or the node no longer has their vGPU.
+//! (`enforcer.rs`, over a [`Freezer`](super::freezer::Freezer)); containers admitted (the one
+//! [`Admission`] check at register, attach and recovery) and enforced from their attachment;
+//! and let go of when their processes are gone or the node no longer has their vGPU.
 //!
 //! [`Enforcer`]: super::enforcer::Enforcer
 
-use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_cgroup::{Admission, FreezerCgroup};
+use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target};
 use gpuplex_scheduler::windows::Action;
 use gpuplex_scheduler::VgpuId;
 
+use super::enforced::Member;
+use super::unstarted::Unstarted;
 use super::Service;
 
 impl Service {
@@ -92,5 +96,63 @@ impl Service {
         if let Err(e) = self.registry.remove(vgpu) {
             tracing::error!("{vgpu}: {e}; a restart would recover it, and then drop it if its container is gone");
         }
+    }
+
+    /// The freezer cgroup of a target, when the service may freeze it as a container's
+    /// ([`gpuplex_cgroup::Admission`]: the same check at register, attach and recovery).
+    pub(super) fn admitted_cgroup(&self, target: &Target) -> Result<FreezerCgroup, String> {
+        let found = match target {
+            Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
+            Target::Cgroup(path) => FreezerCgroup::at(path.as_ref(), &self.hierarchies),
+        };
+        let cgroup = found.map_err(|e| e.to_string())?;
+        self.admit(&cgroup)?;
+        Ok(cgroup)
+    }
+
+    /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
+    pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
+        let enforced = self.enforcer.iter().flat_map(|(v, e)| {
+            (e.members.iter()).map(move |m| (format!("{v} (container {})", m.container), &m.cgroup))
+        });
+        let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
+        let admission = Admission::of_processes(&self.hierarchies, &watchdog)
+            .map_err(|e| format!("cannot tell the node service's own cgroups: {e}"))?;
+        admission.check(cgroup, enforced).map_err(|e| e.to_string())
+    }
+
+    /// Enforces a container the node just attached to `vgpu` from now on (the first, or one
+    /// more of a claim's pod) and saves it. On failure it is not enforced, and the node lets it
+    /// go: a claim's vGPU is detached from it, any other vGPU released.
+    pub(super) fn enforce(
+        &mut self,
+        vgpu: VgpuId,
+        cgroup: FreezerCgroup,
+        attachment: &Attachment,
+        unstarted: bool,
+    ) -> Result<(), String> {
+        let mut member = Member::new(&attachment.container, cgroup.clone());
+        // A container attached between its runtime's `create` and `start` (podman's and runc's
+        // createRuntime hook, the shim) is not sampled before it starts; a running process
+        // (`gpuplexctl register --pid`) is sampled at once.
+        if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
+            member.unstarted = Unstarted::of(*pid);
+        }
+        self.enforcer.add(vgpu, member);
+        let container = &attachment.container;
+        let saved = (self.registry).save_attached(vgpu, container, self.enforcer.get(vgpu));
+        if let Err(refused) = saved {
+            self.enforcer.withdraw(vgpu, container);
+            return Err(refused);
+        }
+        self.watch_exits(vgpu);
+        tracing::info!(
+            "{vgpu}: {} attached on GPU {}, freezer {} {}",
+            attachment.container,
+            self.gpus_of(vgpu),
+            cgroup.version(),
+            cgroup.path().display()
+        );
+        Ok(())
     }
 }

@@ -11,17 +11,14 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target, VgpuRecord};
+use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, VgpuRecord};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::{Handle, VgpuId};
 use gpuplex_wire::protocol::cdi::CdiEdits;
 use gpuplex_wire::protocol::{EventsReply, Reply, Request, VgpuReply};
 
-use super::enforced::Member;
-use super::unstarted::Unstarted;
 use super::Service;
 use crate::gpus::GpuSource;
-use gpuplex_cgroup::{Admission, FreezerCgroup};
 
 impl Service {
     /// Carries out one request and says how it went.
@@ -347,64 +344,6 @@ impl Service {
         self.reply(vgpu)
     }
 
-    /// The freezer cgroup of a target, when the service may freeze it as a container's
-    /// ([`gpuplex_cgroup::Admission`]: the same check at register, attach and recovery).
-    pub(super) fn admitted_cgroup(&self, target: &Target) -> Result<FreezerCgroup, String> {
-        let found = match target {
-            Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
-            Target::Cgroup(path) => FreezerCgroup::at(path.as_ref(), &self.hierarchies),
-        };
-        let cgroup = found.map_err(|e| e.to_string())?;
-        self.admit(&cgroup)?;
-        Ok(cgroup)
-    }
-
-    /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
-    pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
-        let enforced = self.enforcer.iter().flat_map(|(v, e)| {
-            (e.members.iter()).map(move |m| (format!("{v} (container {})", m.container), &m.cgroup))
-        });
-        let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
-        let admission = Admission::of_processes(&self.hierarchies, &watchdog)
-            .map_err(|e| format!("cannot tell the node service's own cgroups: {e}"))?;
-        admission.check(cgroup, enforced).map_err(|e| e.to_string())
-    }
-
-    /// Enforces a container the node just attached to `vgpu` from now on (the first, or one
-    /// more of a claim's pod) and saves it. On failure it is not enforced, and the node lets it
-    /// go: a claim's vGPU is detached from it, any other vGPU released.
-    fn enforce(
-        &mut self,
-        vgpu: VgpuId,
-        cgroup: FreezerCgroup,
-        attachment: &Attachment,
-        unstarted: bool,
-    ) -> Result<(), String> {
-        let mut member = Member::new(&attachment.container, cgroup.clone());
-        // A container attached between its runtime's `create` and `start` (podman's and runc's
-        // createRuntime hook, the shim) is not sampled before it starts; a running process
-        // (`gpuplexctl register --pid`) is sampled at once.
-        if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
-            member.unstarted = Unstarted::of(*pid);
-        }
-        self.enforcer.add(vgpu, member);
-        let container = &attachment.container;
-        let saved = (self.registry).save_attached(vgpu, container, self.enforcer.get(vgpu));
-        if let Err(refused) = saved {
-            self.enforcer.withdraw(vgpu, container);
-            return Err(refused);
-        }
-        self.watch_exits(vgpu);
-        tracing::info!(
-            "{vgpu}: {} attached on GPU {}, freezer {} {}",
-            attachment.container,
-            self.gpus_of(vgpu),
-            cgroup.version(),
-            cgroup.path().display()
-        );
-        Ok(())
-    }
-
     /// Saves an enforced vGPU as it is now (a container of a claim's vGPU came or went).
     pub(super) fn save_enforced(&mut self, vgpu: VgpuId) -> Result<(), crate::state::StateError> {
         self.registry.save(vgpu, self.enforcer.get(vgpu))
@@ -430,7 +369,7 @@ impl Service {
         reply
     }
 
-    fn gpus_of(&self, vgpu: VgpuId) -> String {
+    pub(super) fn gpus_of(&self, vgpu: VgpuId) -> String {
         self.registry
             .node()
             .record(vgpu)
