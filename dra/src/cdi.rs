@@ -1,9 +1,10 @@
 //! A prepared claim's CDI spec: one device, `gpuplex.io/vgpu=<claim uid>`, whose edits are what
-//! podman's precreate gives a container with a vGPU (its GPUs' device nodes and the host's
-//! control nodes, `CUDA_VISIBLE_DEVICES`, the identity mounted read-only) followed by the host
-//! CDI spec's edits for those GPUs, which the node service chose, and last the attach step
-//! ([`gpuplex_hook::claim`]). The runtime (containerd's or CRI-O's CDI support, podman's
-//! `--device`) applies it to each container of the claim.
+//! podman's precreate gives a container with a vGPU ([`vgpu_edits`], defined once in the wire
+//! crate: the host CDI spec's edits for its GPUs, which the node service chose, then its GPUs'
+//! device nodes and the host's control nodes, `CUDA_VISIBLE_DEVICES`, the identity mounted
+//! read-only), and last the attach step ([`gpuplex_wire::attach_step`]). The runtime
+//! (containerd's or CRI-O's CDI support, podman's `--device`) applies it to each container of
+//! the claim.
 //!
 //! The spec carries the claim's handle, so it is written for root alone (`0600`): runtimes read
 //! it as root.
@@ -12,9 +13,9 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use gpuplex_hook::spec::{self, DeviceNode};
-use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
-use gpuplex_wire::protocol::VgpuReply;
+use gpuplex_wire::protocol::cdi::{CdiEdits, CdiHook};
+use gpuplex_wire::protocol::{DeviceNode, VgpuReply};
+use gpuplex_wire::vgpu_edits::{vgpu_edits, EditsError};
 use serde_json::{json, Value};
 
 /// The CDI kind of the claims' devices.
@@ -42,6 +43,9 @@ pub enum CdiError {
     /// The node service's reply lacks what the spec needs.
     #[error("the node service did not say {0}; is it older than this driver?")]
     Incomplete(&'static str),
+    /// The vGPU's edits cannot be made from the node service's reply.
+    #[error(transparent)]
+    Edits(#[from] EditsError),
     /// The file could not be written or removed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {
@@ -78,61 +82,17 @@ pub fn spec_path(dir: &Path, uid: &str) -> PathBuf {
     dir.join(format!("gpuplex.io-vgpu-{uid}.json"))
 }
 
-/// The edits a container of the claim gets: gpuplex's own, as precreate makes them, then the
-/// host spec's for its GPUs, then `attach` (the attach step; none where the container attaches
-/// otherwise). `control` are the host's control nodes (`/dev/nvidiactl`, ...).
+/// The edits a container of the claim gets: the vGPU's, as podman's precreate applies them
+/// ([`vgpu_edits`]: the host spec's for its GPUs, then gpuplex's own), then `attach`, the attach
+/// step (none where the container attaches otherwise), last. `control` are the host's control
+/// nodes (`/dev/nvidiactl`, ...).
 pub fn claim_edits(
     vgpu: &VgpuReply,
     identity_file: &Path,
     control: &[DeviceNode],
     attach: Option<CdiHook>,
 ) -> Result<CdiEdits, CdiError> {
-    let mut edits = CdiEdits::default();
-    for gpu in &vgpu.gpus {
-        let device = gpu
-            .device
-            .as_ref()
-            .ok_or(CdiError::Incomplete("which device node each GPU is"))?;
-        let host = Path::new(&device.path);
-        edits.device_nodes.push(CdiDeviceNode {
-            path: spec::container_path_of(host).display().to_string(),
-            host_path: Some(device.path.display().to_string()),
-            node_type: Some("c".into()),
-            major: Some(device.major.into()),
-            minor: Some(device.minor.into()),
-            file_mode: Some(0o666),
-            permissions: Some("rw".into()),
-            ..CdiDeviceNode::default()
-        });
-    }
-    for node in control {
-        edits.device_nodes.push(CdiDeviceNode {
-            path: node.container_path.display().to_string(),
-            host_path: Some(node.host_path.display().to_string()),
-            node_type: Some("c".into()),
-            major: Some(node.major.into()),
-            minor: Some(node.minor.into()),
-            file_mode: Some(node.file_mode),
-            permissions: Some("rw".into()),
-            ..CdiDeviceNode::default()
-        });
-    }
-    let uuids: Vec<&str> = vgpu.gpus.iter().map(|g| g.uuid.as_str()).collect();
-    edits
-        .env
-        .push(format!("{}={}", spec::VISIBLE_DEVICES, uuids.join(",")));
-    edits.mounts.push(CdiMount {
-        host_path: identity_file.display().to_string(),
-        container_path: spec::IDENTITY_PATH.to_owned(),
-        mount_type: Some("bind".into()),
-        options: spec::IDENTITY_MOUNT_OPTIONS
-            .iter()
-            .map(|o| o.to_string())
-            .collect(),
-    });
-    if let Some(host) = &vgpu.cdi {
-        edits.append(host);
-    }
+    let mut edits = vgpu_edits(vgpu, identity_file, control)?;
     edits.hooks.extend(attach);
     Ok(edits)
 }

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use gpuplex_scheduler::node::Placement;
 use gpuplex_scheduler::quantity::{parse_quantity, shown};
-use gpuplex_scheduler::request::{VgpuRequest, GPUS, GPU_MEMORY, PRIORITY, WEIGHT};
+use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::GpuIndex;
+use gpuplex_wire::annotations::{GPUS, GPU_MEMORY, PRIORITY, WEIGHT};
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::Deserialize;
 
@@ -304,7 +305,7 @@ fn config_annotations(
         |e| {
             let field = e
                 .annotation
-                .trim_start_matches(gpuplex_scheduler::request::PREFIX);
+                .trim_start_matches(gpuplex_wire::annotations::PREFIX);
             format!("{field}: `{}` {}", shown(&e.value), e.reason)
         },
     )?;

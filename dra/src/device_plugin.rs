@@ -27,14 +27,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use gpuplex_hook::spec::DeviceNode;
 use gpuplex_scheduler::inventory::AssignmentPolicy;
 use gpuplex_scheduler::node::{allocation_key, ReleaseKey, ALLOCATION_PREFIX};
 use gpuplex_scheduler::units::{self, UnitId, RESOURCE};
 use gpuplex_scheduler::Handle;
+use gpuplex_wire::attach_step::attach_hook;
 use gpuplex_wire::config::DeviceDelivery;
 use gpuplex_wire::identity::{self, Identity};
-use gpuplex_wire::protocol::CapacityView;
+use gpuplex_wire::protocol::{CapacityView, DeviceNode};
 use gpuplex_wire::{ClientError, NodeClient};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -288,7 +288,7 @@ fn allocate_one(
             .map_err(|e| format!("cannot write the identity file in {}: {e}", dir.display()))?;
         let file = identity::identity_file(&dir, id);
         let attach = (config.delivery == DeviceDelivery::Cdi)
-            .then(|| gpuplex_hook::claim::attach_hook(&config.hook, &config.socket, &handle));
+            .then(|| attach_hook(&config.hook, &config.socket, &handle));
         let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, attach)
             .map_err(|e| e.to_string())?;
         match config.delivery {

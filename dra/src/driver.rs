@@ -6,9 +6,10 @@
 use std::future::Future;
 use std::path::PathBuf;
 
-use gpuplex_hook::spec::DeviceNode;
 use gpuplex_scheduler::node::ReleaseKey;
+use gpuplex_wire::attach_step::attach_hook;
 use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::protocol::DeviceNode;
 use gpuplex_wire::{ClientError, NodeClient};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
@@ -181,7 +182,7 @@ fn pin_and_write(
             claim: claim.to_string(),
             source: CdiError::Incomplete("the claim's handle"),
         })?;
-        let attach = gpuplex_hook::claim::attach_hook(&config.hook, &config.socket, &handle);
+        let attach = attach_hook(&config.hook, &config.socket, &handle);
         let edits = cdi::claim_edits(&vgpu, &file, &config.control_nodes, Some(attach));
         edits
             .and_then(|edits| cdi::write(&config.cdi_dir, &claim.uid, &edits))

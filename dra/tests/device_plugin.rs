@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuplex_dra::proto::deviceplugin as dp;
-use gpuplex_scheduler::request::ALLOCATION;
+use gpuplex_wire::annotations::ALLOCATION;
 use support::{can_run, NodeService, Setup};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_stream::StreamExt;

@@ -15,7 +15,7 @@ use gpuplex_integration::containerd::*;
 use gpuplex_integration::cri::k8s_cri::v1 as cri_api;
 use gpuplex_integration::cri::*;
 use gpuplex_integration::*;
-use gpuplex_scheduler::request::ALLOCATION;
+use gpuplex_wire::annotations::ALLOCATION;
 use gpuplex_wire::config::{DeviceDelivery, NodeConfig};
 use serde_json::{json, Value};
 

@@ -15,17 +15,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpuplex_hook::spec::{self, DeviceNode, HookCommand, Injection};
+use gpuplex_hook::spec::{self, HookCommand, Injection};
 use gpuplex_node::service::fixture;
 use gpuplex_scheduler::config::SchedulerConfig;
 use gpuplex_scheduler::policy::PolicyConfig;
 use gpuplex_scheduler::quantity::{format_bytes, parse_quantity};
 use gpuplex_scheduler::request::{
-    GpuMemory, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, POD_NAMESPACE_KEYS, PREFIX,
+    GpuMemory, Priority, VgpuRequest, GPU_MEMORY, MAX_GPUS, MAX_WEIGHT, POD_NAMESPACE_KEYS, PREFIX,
 };
 use gpuplex_scheduler::time::{format_duration, parse_duration};
-use gpuplex_scheduler::Handle;
-use gpuplex_wire::protocol::{parse_request, Reply};
+use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_wire::protocol::{parse_request, AssignedGpu, DeviceNode, Reply, VgpuReply};
+use gpuplex_wire::vgpu_edits::vgpu_edits;
 use serde_json::Value;
 
 /// A target's body.
@@ -404,29 +405,46 @@ fn strings_in(value: &toml::Value, out: &mut Vec<String>) {
 }
 
 /// The injection `oci_state` edits configs with: two GPUs, two control nodes and a hook, like
-/// the spec editor's tests.
+/// the spec editor's tests, made as the hook makes it (the vGPU's edits from a reply).
 fn injection() -> Injection {
-    let node = |host: &str, major: u32, minor: u32| DeviceNode {
-        host_path: host.into(),
-        container_path: spec::container_path_of(host.as_ref()),
+    let node = |path: &str, major: u32, minor: u32| DeviceNode {
+        path: path.into(),
         major,
         minor,
-        file_mode: 0o666,
     };
+    let gpu = |index: u32, uuid: &str, path: &str| AssignedGpu {
+        index,
+        uuid: uuid.into(),
+        model: "Fake".into(),
+        memory: 1 << 30,
+        device: Some(node(path, 195, index)),
+        fake: true,
+    };
+    let vgpu = VgpuReply {
+        id: VgpuId(3),
+        handle: None,
+        container: None,
+        gpus: vec![
+            gpu(
+                0,
+                "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+                "/dev/nvidia0",
+            ),
+            gpu(1, "GPU-fake-1", "/var/lib/gpuplex/fake/nvidia1"),
+        ],
+        weight: 1,
+        priority: Priority::Normal,
+        cdi: None,
+    };
+    let control = [
+        node("/dev/nvidiactl", 195, 255),
+        node("/dev/nvidia-uvm", 508, 0),
+    ];
+    let identity = Path::new("/run/gpuplex/vgpus/vgpu-3.json");
     Injection {
-        vgpu: "vgpu-3".into(),
+        vgpu: vgpu.id,
         handle: Some(Handle::from_bytes([0x3c; 16])),
-        uuids: vec![
-            "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
-            "GPU-fake-1".into(),
-        ],
-        devices: vec![
-            node("/dev/nvidia0", 195, 0),
-            node("/var/lib/gpuplex/fake/nvidia1", 195, 1),
-            node("/dev/nvidiactl", 195, 255),
-            node("/dev/nvidia-uvm", 508, 0),
-        ],
-        identity_file: "/run/gpuplex/vgpus/vgpu-3.json".into(),
+        edits: vgpu_edits(&vgpu, identity, &control).expect("the edits of a whole reply"),
         hook: Some(HookCommand {
             path: "/usr/local/bin/gpuplex-hook".into(),
             args: ["gpuplex-hook", "--config", "/etc/gpuplex/gpuplex.toml"]

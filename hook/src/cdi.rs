@@ -7,6 +7,8 @@
 //! `gpuplex-hook` does not link the CDI crate and its YAML, JSON schema and HTTP dependencies.
 //!
 //! - [`apply`] writes the edits into a `config.json` value the way CDI does; all or nothing.
+//!   What it applies for a vGPU is [`gpuplex_wire::vgpu_edits`]: those edits, then gpuplex's own
+//!   (device nodes, `CUDA_VISIBLE_DEVICES`, the identity mount), as [`crate::spec::edit`] does.
 //! - [`nvidia_runtime_conflict`] tells when a container asks NVIDIA's own runtime for GPUs too.
 //!   It must look at the config *before* [`apply`]: the spec's own hooks are NVIDIA's.
 //!

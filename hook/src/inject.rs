@@ -60,6 +60,15 @@ pub enum InjectError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A device node of the edits that is no character device with its major and minor
+    /// numbers: a running container gets only those.
+    #[error(
+        "cannot inject device node {path}: a running container is given character devices with their major and minor numbers only"
+    )]
+    NotACharNode {
+        /// The node's path in the container.
+        path: String,
+    },
     /// The container process's mount namespace could not be opened or entered.
     #[error(
         "cannot {step} of container process {pid}: {source}; the container must be being created (run gpuplex-hook at createRuntime or prestart) and the hook must run as root"

@@ -1,22 +1,24 @@
 //! gpuplex's injection library and its OCI hook.
 //!
-//! - [`spec`]: the OCI spec edits that give a container its vGPU (device nodes and allow rules,
-//!   `CUDA_VISIBLE_DEVICES`, the identity mount, the vGPU id annotation, the hooks): one function
-//!   for podman's `precreate` stage and the containerd shim's `Create`;
-//! - [`cdi`]: the CDI edits the node service chose from the GPUs' CDI spec, applied (by the hook
-//!   and the shim) for the assigned GPUs only;
+//! - [`spec`]: the OCI spec edits that give a container its vGPU: its CDI edits
+//!   ([`gpuplex_wire::vgpu_edits`]: device nodes, `CUDA_VISIBLE_DEVICES`, the identity mount,
+//!   after the host spec's for its GPUs) applied, then the vGPU id annotation and the hooks: one
+//!   function for podman's `precreate` stage and the containerd shim's `Create`;
+//! - [`cdi`]: CDI edits applied to a `config.json` the way CDI does (the vGPU's, which include
+//!   those the node service chose from the GPUs' CDI spec), and the check that a container does
+//!   not ask NVIDIA's runtime for GPUs too;
 //! - [`inject`]: what a hook does inside a container that exists already (plain runc and crun
 //!   users): device nodes made in its mount namespace, its device cgroup, the identity;
 //! - [`oci_state`]: the OCI state a runtime hands its hooks;
-//! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop|attach` does;
-//! - [`claim`]: a Kubernetes claim's attach step, the hook its CDI spec carries.
+//! - [`stages`]: what `gpuplex-hook precreate|createRuntime|prestart|poststop|attach` does
+//!   (`attach` is a Kubernetes claim's attach step, [`gpuplex_wire::attach_step`]).
 //!
 //! It finds and talks to the node service with `gpuplex-wire` (the configuration, the
-//! socket's client and the identity files), as `gpuplexctl` and the containerd shim do.
+//! socket's client, the identity files and what a vGPU's container gets), as `gpuplexctl`, the
+//! containerd shim and the DRA driver do.
 #![deny(missing_docs)]
 
 pub mod cdi;
-pub mod claim;
 pub mod inject;
 pub mod oci_state;
 pub mod spec;

@@ -10,8 +10,9 @@
 //!   the hook by hand) is registered and injected here ([`crate::inject`]); any other container
 //!   is left alone.
 //! - `poststop`: the vGPU is released (by its handle when the spec has one, else by container).
-//! - `attach HANDLE` (createRuntime, from a Kubernetes claim's CDI spec: [`crate::claim`]): the
-//!   container attaches to the claim's vGPU, which its pod's containers share.
+//! - `attach HANDLE` (createRuntime, from a Kubernetes claim's CDI spec:
+//!   [`gpuplex_wire::attach_step`]): the container attaches to the claim's vGPU, which its pod's
+//!   containers share.
 //!
 //! Every failure is one [`HookError`] line, and undoes what the stage did, and only that: a
 //! reservation is released by the handle the stage's own request returned, and an identity
@@ -23,19 +24,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::node::{ReleaseKey, Target};
-use gpuplex_scheduler::request::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_HANDLE, VGPU_ID};
 use gpuplex_scheduler::{Handle, VgpuId};
+use gpuplex_wire::annotations::{POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX, VGPU_HANDLE, VGPU_ID};
 use gpuplex_wire::config::{CdiSettings, NodeConfig, DEFAULT_CONFIG};
+use gpuplex_wire::identity::{self, Identity};
 use gpuplex_wire::protocol::VgpuReply;
 use gpuplex_wire::stage::Stage;
+use gpuplex_wire::vgpu_edits::{control_nodes, vgpu_edits};
 use gpuplex_wire::{ClientError, NodeClient};
 use serde_json::{json, Value};
 
 use crate::cdi;
 use crate::inject;
 use crate::oci_state::{BundleConfig, OciState};
-use crate::spec::{self, DeviceNode, HookCommand, Injection};
-use gpuplex_wire::identity::{self, Identity};
+use crate::spec::{self, HookCommand, Injection};
 
 /// Why a stage failed: one line a podman user can act on.
 #[derive(Debug, thiserror::Error)]
@@ -301,8 +303,8 @@ pub fn prepare(ctx: &HookContext, input: &[u8]) -> Result<Option<Prepared>, Hook
     };
     // The handle goes into the spec only for a hook that attaches with it; the shim keeps it.
     let handle_in_spec = ctx.hook_command().map(|_| handle);
-    let edited = injection(ctx, &vgpu, file, handle_in_spec)
-        .and_then(|inj| edit_with_cdi(&config, &inj, &vgpu))
+    let edited = injection(ctx, &vgpu, &file, handle_in_spec)
+        .and_then(|injection| edited_config(&config, &injection))
         .map_err(fail);
     match edited {
         Ok(config) => Ok(Some(Prepared {
@@ -326,52 +328,27 @@ fn reserved(vgpu: &VgpuReply) -> Result<(VgpuId, Handle), String> {
     Ok((id, handle))
 }
 
-/// The config to run: the CDI spec's edits for the vGPU's GPUs (the node service sends them
-/// when the node has a spec), then gpuplex's own ([`spec::edit`]: the identity mount stays
-/// last).
-fn edit_with_cdi(
-    config: &Value,
-    injection: &Injection,
-    vgpu: &VgpuReply,
-) -> Result<Vec<u8>, String> {
+/// The config to run: `config` edited for the vGPU ([`spec::edit`]).
+fn edited_config(config: &Value, injection: &Injection) -> Result<Vec<u8>, String> {
     let mut edited = config.clone();
-    if let Some(edits) = &vgpu.cdi {
-        cdi::apply(&mut edited, edits).map_err(|e| format!("CDI spec: {e}"))?;
-    }
     spec::edit(&mut edited, injection).map_err(|e| e.to_string())?;
     serde_json::to_vec(&edited).map_err(|e| e.to_string())
 }
 
-/// The edit of a vGPU: its GPUs' device nodes (as the node service names them) and the
-/// control nodes the host has.
+/// The edit of a vGPU: its CDI edits ([`vgpu_edits`]: the host spec's for its GPUs, its GPUs'
+/// device nodes as the node service names them, the control nodes the host has, ...), its id,
+/// the handle the spec carries and this hook when the hook is the caller.
 fn injection(
     ctx: &HookContext,
     vgpu: &VgpuReply,
-    identity_file: PathBuf,
+    identity_file: &Path,
     handle: Option<Handle>,
 ) -> Result<Injection, String> {
-    let mut devices = Vec::new();
-    for gpu in &vgpu.gpus {
-        let device = gpu.device.as_ref().ok_or_else(|| {
-            format!("the node service did not say which device node is GPU {}; is it older than this hook?", gpu.index)
-        })?;
-        let host = Path::new(&device.path);
-        let node = DeviceNode::from_host(host).unwrap_or(DeviceNode {
-            host_path: host.to_path_buf(),
-            container_path: spec::container_path_of(host),
-            major: device.major,
-            minor: device.minor,
-            file_mode: 0o666,
-        });
-        devices.push(node);
-    }
-    devices.extend(spec::control_nodes());
+    let edits = vgpu_edits(vgpu, identity_file, &control_nodes()).map_err(|e| e.to_string())?;
     Ok(Injection {
-        vgpu: vgpu.id.to_string(),
+        vgpu: vgpu.id,
         handle,
-        uuids: vgpu.gpus.iter().map(|g| g.uuid.clone()).collect(),
-        devices,
-        identity_file,
+        edits,
         hook: ctx.hook_command().cloned(),
     })
 }
@@ -509,11 +486,12 @@ fn inject_registered(
             ctx.identity_dir.display()
         )
     })?;
-    let injection = injection(ctx, vgpu, file.clone(), None)?;
+    // The edits' device nodes: no host spec's among them, the caller refused a vGPU with one.
+    let edits = vgpu_edits(vgpu, &file, &control_nodes()).map_err(|e| e.to_string())?;
+    let nodes = &edits.device_nodes;
     let rootfs = &bundle.rootfs;
-    let created =
-        inject::create_device_nodes(pid, rootfs, &injection.devices).map_err(|e| e.to_string())?;
-    let rules = match inject::allow_devices(pid, &injection.devices) {
+    let created = inject::create_device_nodes(pid, rootfs, nodes).map_err(|e| e.to_string())?;
+    let rules = match inject::allow_devices(pid, nodes) {
         Ok(rules) => rules,
         Err(e) => {
             let _ = inject::remove_device_nodes(pid, rootfs, &created);

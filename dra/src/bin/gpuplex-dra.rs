@@ -160,7 +160,7 @@ fn run(args: Args) -> Result<(), String> {
             policy: config.scheduler.policy,
             cdi_dir: args.cdi_dir,
             hook: args.hook,
-            control_nodes: gpuplex_hook::spec::control_nodes(),
+            control_nodes: gpuplex_wire::vgpu_edits::control_nodes(),
             poll: args.poll,
         });
         let paths = DevicePluginPaths {
@@ -190,7 +190,7 @@ fn run(args: Args) -> Result<(), String> {
                 node: node.clone(),
                 socket: socket.clone(),
                 cdi_dir: args.cdi_dir,
-                control_nodes: gpuplex_hook::spec::control_nodes(),
+                control_nodes: gpuplex_wire::vgpu_edits::control_nodes(),
                 hook: args.hook,
             },
         );

@@ -1,9 +1,11 @@
-//! The claim's spec is a CDI spec the reference parser accepts, with precreate's edits first.
+//! The claim's spec is a CDI spec the reference parser accepts, with precreate's edits (the
+//! host's, then gpuplex's) and the attach step last.
 
 use super::*;
 use gpuplex_scheduler::request::Priority;
 use gpuplex_wire::protocol::cdi::CdiHook;
-use gpuplex_wire::protocol::{AssignedGpu, DeviceNode as WireNode};
+use gpuplex_wire::protocol::AssignedGpu;
+use gpuplex_wire::vgpu_edits::EditsError;
 
 const UID: &str = "8d5c6f1e-0000-4000-8000-000000000001";
 
@@ -13,7 +15,7 @@ fn vgpu(cdi: Option<CdiEdits>) -> VgpuReply {
         uuid: format!("GPU-fake-{index}"),
         model: "Fake A100".into(),
         memory: 8 << 30,
-        device: Some(WireNode {
+        device: Some(DeviceNode {
             path: format!("/dev/nvidia{index}").into(),
             major: 195,
             minor: index,
@@ -32,7 +34,7 @@ fn vgpu(cdi: Option<CdiEdits>) -> VgpuReply {
 }
 
 fn attach() -> CdiHook {
-    gpuplex_hook::claim::attach_hook(
+    gpuplex_wire::attach_step::attach_hook(
         Path::new("/usr/local/bin/gpuplex-hook"),
         Path::new("/run/gpuplex/gpuplex.sock"),
         &gpuplex_scheduler::Handle::from_bytes([9; 16]),
@@ -41,16 +43,14 @@ fn attach() -> CdiHook {
 
 fn control() -> Vec<DeviceNode> {
     vec![DeviceNode {
-        host_path: "/dev/nvidiactl".into(),
-        container_path: "/dev/nvidiactl".into(),
+        path: "/dev/nvidiactl".into(),
         major: 195,
         minor: 255,
-        file_mode: 0o666,
     }]
 }
 
 #[test]
-fn a_claims_spec_carries_precreates_edits_then_the_hosts() {
+fn a_claims_spec_carries_the_hosts_edits_then_gpuplexs_then_the_attach_step() {
     let host = CdiEdits {
         env: vec!["NVIDIA_DRIVER=1".into()],
         hooks: vec![CdiHook {
@@ -74,10 +74,16 @@ fn a_claims_spec_carries_precreates_edits_then_the_hosts() {
     assert_eq!(
         edits.env,
         [
-            "CUDA_VISIBLE_DEVICES=GPU-fake-0,GPU-fake-2",
-            "NVIDIA_DRIVER=1"
+            "NVIDIA_DRIVER=1",
+            "CUDA_VISIBLE_DEVICES=GPU-fake-0,GPU-fake-2"
         ]
     );
+    // As precreate writes them: rw and mknod, mode 0666, root's.
+    for node in &edits.device_nodes {
+        assert_eq!(node.permissions.as_deref(), Some("rwm"), "{}", node.path);
+        assert_eq!(node.file_mode, Some(0o666), "{}", node.path);
+        assert_eq!((node.uid, node.gid), (Some(0), Some(0)), "{}", node.path);
+    }
     assert_eq!(edits.mounts[0].container_path, "/run/gpuplex/vgpu.json");
     assert!(edits.mounts[0].options.contains(&"ro".to_string()));
     let spec = spec_json(UID, &edits);
@@ -143,6 +149,6 @@ fn a_uid_that_could_escape_the_directory_is_refused() {
     bare.gpus[0].device = None;
     assert!(matches!(
         claim_edits(&bare, Path::new("/x"), &[], Some(attach())),
-        Err(CdiError::Incomplete(_))
+        Err(CdiError::Edits(EditsError::NoDeviceNode { gpu: 0, .. }))
     ));
 }

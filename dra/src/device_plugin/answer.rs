@@ -9,9 +9,9 @@
 
 use std::collections::HashMap;
 
-use gpuplex_scheduler::request::ALLOCATION;
 use gpuplex_scheduler::units::units_of;
 use gpuplex_scheduler::{GpuIndex, Handle};
+use gpuplex_wire::annotations::ALLOCATION;
 use gpuplex_wire::config::DeviceDelivery;
 use gpuplex_wire::protocol::cdi::CdiEdits;
 use gpuplex_wire::protocol::GpuCapacity;

@@ -1,7 +1,7 @@
 //! [`apply`]: CDI edits written into a `config.json` value, the way CDI (and the
 //! `container-device-interface` crate's `ContainerEdits::apply`) writes them into an OCI spec,
-//! but on a [`serde_json::Value`] so that fields oci-spec does not model are kept, like
-//! [`crate::spec::edit`].
+//! but on a [`serde_json::Value`] so that fields oci-spec does not model are kept. The vGPU's
+//! own edits ([`gpuplex_wire::vgpu_edits`]) are applied with it too ([`crate::spec::edit`]).
 
 use std::path::Path;
 
@@ -12,9 +12,8 @@ use serde_json::{json, Map, Value};
 
 use super::HOOK_NAMES;
 use crate::spec::json::{
-    all_objects, all_strings, array, object, push_new, replace_or_push, write_devices,
+    all_objects, all_strings, array, object, push_new, replace_or_push, write_devices, FieldError,
 };
-use crate::spec::SpecError;
 
 /// Why CDI edits were not applied; `config.json` is then as it was. One line naming the
 /// device node, hook, entry or field at fault.
@@ -47,7 +46,7 @@ pub enum ApplyError {
     NotAnObject(&'static str),
     /// A field the edits go into has the wrong type.
     #[error(transparent)]
-    Config(#[from] SpecError),
+    Config(#[from] FieldError),
 }
 
 /// What goes into the config, built and checked (host nodes read) before anything changes.
@@ -278,7 +277,7 @@ impl Plan {
     }
 
     /// Writes the plan into `root`, the config's top-level object.
-    fn write(self, root: &mut Map<String, Value>) -> Result<(), SpecError> {
+    fn write(self, root: &mut Map<String, Value>) -> Result<(), FieldError> {
         if !self.devices.is_empty() || !self.rules.is_empty() {
             write_devices(root, self.devices, self.rules)?;
         }
@@ -329,7 +328,7 @@ impl Plan {
 /// | where | what |
 /// |---|---|
 /// | `linux.devices` | one `{"path","type","major","minor"[,"fileMode","uid","gid"]}` per node; an entry with the same path is replaced in place. A node without a type or major number gets them from its host node (`hostPath`, else `path`), as CDI does; an unset uid/gid is the process's when it is not root |
-/// | `linux.resources.devices` | for `c` and `b` nodes, `{"allow":true,"type","major","minor","access"}` (`access` from `permissions`, `rwm` when unset), appended unless an identical rule is there (the same shape as [`crate::spec::edit`]'s rules) |
+/// | `linux.resources.devices` | for `c` and `b` nodes, `{"allow":true,"type","major","minor","access"}` (`access` from `permissions`, `rwm` when unset), appended unless an identical rule is there |
 /// | `process.env` | each `NAME=value`, replacing the entries of that name in place, else appended |
 /// | `mounts` | each mount, appended after removing the mounts with its destination |
 /// | `hooks.<hookName>` | each hook, appended unless an identical entry is there |

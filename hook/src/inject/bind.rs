@@ -19,6 +19,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use gpuplex_wire::vgpu_edits::IDENTITY_PATH;
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -27,7 +28,6 @@ use rustix::mount::{MoveMountFlags, OpenTreeFlags};
 
 use super::ns::{describe, in_mount_namespace, kind, lstat_at, HostRootfs, Rootfs};
 use super::InjectError;
-use crate::spec::IDENTITY_PATH;
 
 /// What [`bind_identity`] added, for [`unbind_identity`].
 #[derive(Debug, Clone, PartialEq, Eq)]

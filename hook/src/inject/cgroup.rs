@@ -11,9 +11,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use gpuplex_cgroup::{CgroupMounts, ProcCgroup};
+use gpuplex_wire::protocol::cdi::CdiDeviceNode;
 
+use super::nodes::char_numbers;
 use super::InjectError;
-use crate::spec::DeviceNode;
 
 /// One rule of the devices controller, for a character device: `c MAJOR:MINOR ACCESS`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,8 +33,9 @@ impl fmt::Display for DeviceRule {
     }
 }
 
-/// Allows each device (`c MAJOR:MINOR rwm`) in the cgroup v1 devices cgroup of process `pid`,
-/// and reads `devices.list` back to confirm.
+/// Allows each device node of the edits (`c MAJOR:MINOR rwm`) in the cgroup v1 devices cgroup
+/// of process `pid`, and reads `devices.list` back to confirm. A node that is no character
+/// device with both numbers is [`InjectError::NotACharNode`], before anything is written.
 ///
 /// Returns the rules it added, for [`deny_devices`]: a device the cgroup allows already (an
 /// exact or wildcard rule, or an unrestricted cgroup) is not added and not returned, so undoing
@@ -42,15 +44,19 @@ impl fmt::Display for DeviceRule {
 ///
 /// Without a v1 devices controller (a cgroup v2 host, where device access is an eBPF program)
 /// this is [`InjectError::CgroupV2Devices`].
-pub fn allow_devices(pid: u32, devices: &[DeviceNode]) -> Result<Vec<DeviceRule>, InjectError> {
+pub fn allow_devices(pid: u32, devices: &[CdiDeviceNode]) -> Result<Vec<DeviceRule>, InjectError> {
+    let numbers = devices
+        .iter()
+        .map(char_numbers)
+        .collect::<Result<Vec<_>, _>>()?;
     let dir = devices_dir(pid)?;
     let list = read(&dir.join("devices.list"))?;
     let mut added: Vec<DeviceRule> = Vec::new();
     let mut result = Ok(());
-    for device in devices {
+    for (major, minor) in numbers {
         let rule = DeviceRule {
-            major: device.major,
-            minor: device.minor,
+            major,
+            minor,
             access: "rwm".into(),
         };
         if added.contains(&rule) || allows(&list, &rule) {

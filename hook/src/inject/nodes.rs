@@ -10,13 +10,29 @@ use nix::unistd::{fchownat, Gid, Uid};
 use super::ns::{
     container_names, describe, in_mount_namespace, kind, lstat_at, HostRootfs, Rootfs,
 };
-use super::InjectError;
-use crate::spec::DeviceNode;
+use gpuplex_wire::protocol::cdi::CdiDeviceNode;
+use gpuplex_wire::vgpu_edits::NODE_FILE_MODE;
 
-/// Creates each device node inside the mount namespace of the container process `pid`, at
-/// `<rootfs><container_path>`: a character device with the node's major, minor and mode
-/// (`file_mode & 0o7777`, exactly: no umask), owned by root. Missing parent directories are
-/// made (mode 0755). No symlink inside the rootfs is followed.
+use super::InjectError;
+
+/// The major and minor numbers of a device node of the edits, which must be a character device
+/// (type `c`, or none) with both numbers given.
+pub(super) fn char_numbers(device: &CdiDeviceNode) -> Result<(u32, u32), InjectError> {
+    let char_type = matches!(device.node_type.as_deref(), None | Some("c"));
+    let number = |n: Option<i64>| n.and_then(|n| u32::try_from(n).ok());
+    match (number(device.major), number(device.minor)) {
+        (Some(major), Some(minor)) if char_type => Ok((major, minor)),
+        _ => Err(InjectError::NotACharNode {
+            path: device.path.clone(),
+        }),
+    }
+}
+
+/// Creates each device node of the edits inside the mount namespace of the container process
+/// `pid`, at `<rootfs><path>`: a character device with the node's major, minor and mode
+/// (`fileMode & 0o7777`, exactly: no umask; 0o666 when the edits give none), owned by root.
+/// Missing parent directories are made (mode 0755). No symlink inside the rootfs is followed.
+/// A node that is no character device with both numbers is [`InjectError::NotACharNode`].
 ///
 /// Returns the host paths of what it created, directories included, in creation order, for
 /// [`remove_device_nodes`]. A character device with the same major and minor already at a path
@@ -28,11 +44,12 @@ use crate::spec::DeviceNode;
 pub fn create_device_nodes(
     pid: u32,
     rootfs: &Path,
-    devices: &[DeviceNode],
+    devices: &[CdiDeviceNode],
 ) -> Result<Vec<PathBuf>, InjectError> {
     let host = HostRootfs::of(rootfs)?;
     for device in devices {
-        container_names(&device.container_path)?;
+        container_names(Path::new(&device.path))?;
+        char_numbers(device)?;
     }
     in_mount_namespace(pid, || {
         let root = host.open_inside(pid)?;
@@ -75,15 +92,16 @@ pub fn remove_device_nodes(
 
 fn create_node(
     root: &Rootfs,
-    device: &DeviceNode,
+    device: &CdiDeviceNode,
     created: &mut Vec<PathBuf>,
 ) -> Result<(), InjectError> {
-    let names = container_names(&device.container_path)?;
+    let names = container_names(Path::new(&device.path))?;
+    let (major, minor) = char_numbers(device)?;
     let (leaf, parents) = names
         .split_last()
         .expect("container_names gives one name or more");
     let path = root.host_path(&names);
-    let rdev = makedev(device.major.into(), device.minor.into());
+    let rdev = makedev(major.into(), minor.into());
     let dir = root.open_dir(parents, Some(created))?;
     match lstat_at(&dir, leaf) {
         Ok(None) => {}
@@ -92,7 +110,7 @@ fn create_node(
             return Err(InjectError::Occupied {
                 path,
                 found: describe(&st),
-                wanted: format!("the character device {}:{}", device.major, device.minor),
+                wanted: format!("the character device {major}:{minor}"),
             })
         }
         Err(source) => {
@@ -103,7 +121,7 @@ fn create_node(
             })
         }
     }
-    let mode = Mode::from_bits_truncate(device.file_mode & 0o7777);
+    let mode = Mode::from_bits_truncate(device.file_mode.unwrap_or(NODE_FILE_MODE) & 0o7777);
     match mknodat(&dir, *leaf, SFlag::S_IFCHR, mode, rdev) {
         Ok(()) => created.push(path.clone()),
         // Made by someone else meanwhile: kept if it is the same node.
@@ -130,4 +148,43 @@ fn create_node(
         path,
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(node_type: Option<&str>, major: Option<i64>, minor: Option<i64>) -> CdiDeviceNode {
+        CdiDeviceNode {
+            path: "/dev/nvidia0".into(),
+            node_type: node_type.map(String::from),
+            major,
+            minor,
+            ..CdiDeviceNode::default()
+        }
+    }
+
+    #[test]
+    fn only_character_devices_with_both_numbers_are_made() {
+        let table = [
+            (node(Some("c"), Some(195), Some(0)), Some((195, 0))),
+            (node(None, Some(195), Some(255)), Some((195, 255))),
+            (node(Some("b"), Some(8), Some(0)), None),
+            (node(Some("p"), None, None), None),
+            (node(Some("c"), None, Some(0)), None),
+            (node(Some("c"), Some(195), None), None),
+            (node(Some("c"), Some(-1), Some(0)), None),
+            (node(Some("c"), Some(195), Some(1 << 32)), None),
+        ];
+        for (device, expected) in table {
+            match (char_numbers(&device), expected) {
+                (Ok(numbers), Some(expected)) => assert_eq!(numbers, expected, "{device:?}"),
+                (Err(error), None) => assert_eq!(
+                    error.to_string(),
+                    "cannot inject device node /dev/nvidia0: a running container is given character devices with their major and minor numbers only"
+                ),
+                (got, _) => panic!("{device:?}: {got:?}"),
+            }
+        }
+    }
 }

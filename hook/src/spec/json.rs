@@ -2,13 +2,23 @@
 
 use serde_json::{Map, Value};
 
-use super::SpecError;
-
 /// How a JSON value reads in a message: `a string`, `an array`, ...
 pub(super) use gpuplex_wire::protocol::json_kind as kind;
 
-fn wrong(field: &str, expected: &'static str, found: &Value) -> SpecError {
-    SpecError::WrongType {
+/// A field of `config.json` that an edit reads or writes has the wrong type. One line.
+#[derive(Debug, thiserror::Error)]
+#[error("config.json: {field} is not {expected} (it is {found})")]
+pub struct FieldError {
+    /// The field, such as `linux.devices` or `process.env[2]`.
+    pub field: String,
+    /// What it must be, such as `an array`.
+    pub expected: &'static str,
+    /// What it is, such as `a string`.
+    pub found: &'static str,
+}
+
+fn wrong(field: &str, expected: &'static str, found: &Value) -> FieldError {
+    FieldError {
         field: field.to_owned(),
         expected,
         found: kind(found),
@@ -20,7 +30,7 @@ pub(crate) fn object<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
     field: &str,
-) -> Result<&'a mut Map<String, Value>, SpecError> {
+) -> Result<&'a mut Map<String, Value>, FieldError> {
     let slot = parent.entry(key).or_insert(Value::Null);
     if slot.is_null() {
         *slot = Value::Object(Map::new());
@@ -36,7 +46,7 @@ pub(crate) fn array<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
     field: &str,
-) -> Result<&'a mut Vec<Value>, SpecError> {
+) -> Result<&'a mut Vec<Value>, FieldError> {
     let slot = parent.entry(key).or_insert(Value::Null);
     if slot.is_null() {
         *slot = Value::Array(Vec::new());
@@ -48,7 +58,7 @@ pub(crate) fn array<'a>(
 }
 
 /// Checks that every item of `items` (the array `field`) is an object.
-pub(crate) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError> {
+pub(crate) fn all_objects(items: &[Value], field: &str) -> Result<(), FieldError> {
     match items.iter().position(|item| !item.is_object()) {
         Some(i) => Err(wrong(&format!("{field}[{i}]"), "an object", &items[i])),
         None => Ok(()),
@@ -56,7 +66,7 @@ pub(crate) fn all_objects(items: &[Value], field: &str) -> Result<(), SpecError>
 }
 
 /// Checks that every item of `items` (the array `field`) is a string.
-pub(crate) fn all_strings(items: &[Value], field: &str) -> Result<(), SpecError> {
+pub(crate) fn all_strings(items: &[Value], field: &str) -> Result<(), FieldError> {
     match items.iter().position(|item| !item.is_string()) {
         Some(i) => Err(wrong(&format!("{field}[{i}]"), "a string", &items[i])),
         None => Ok(()),
@@ -93,7 +103,7 @@ pub(crate) fn write_devices(
     root: &mut Map<String, Value>,
     devices: Vec<(String, Value)>,
     rules: Vec<Value>,
-) -> Result<(), SpecError> {
+) -> Result<(), FieldError> {
     let linux = object(root, "linux", "linux")?;
     let entries = array(linux, "devices", "linux.devices")?;
     all_objects(entries, "linux.devices")?;

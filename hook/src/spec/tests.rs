@@ -1,7 +1,15 @@
 //! The spec editor against real configs (`fixtures/`: `runc spec`, `crun spec`, and what podman
 //! 4.3.1 handed a `precreate` hook, plain and with `--read-only --device --env`) and small
-//! hand-made ones.
+//! hand-made ones. Its input is made as the hook makes it: the vGPU's edits
+//! ([`vgpu_edits`]) from the node service's reply.
 
+use std::path::Path;
+
+use gpuplex_scheduler::request::Priority;
+use gpuplex_wire::annotations::{VGPU_HANDLE, VGPU_ID};
+use gpuplex_wire::protocol::cdi::{CdiDeviceNode, CdiEdits, CdiHook, CdiMount};
+use gpuplex_wire::protocol::{AssignedGpu, DeviceNode, VgpuReply};
+use gpuplex_wire::vgpu_edits::{vgpu_edits, IDENTITY_PATH};
 use serde_json::{json, Value};
 
 use super::*;
@@ -22,32 +30,64 @@ pub(super) fn fixtures() -> impl Iterator<Item = (&'static str, Value)> {
         .map(|(name, text)| (*name, serde_json::from_str(text).unwrap()))
 }
 
-pub(super) fn node(host: &str, major: u32, minor: u32) -> DeviceNode {
-    DeviceNode {
-        host_path: host.into(),
-        container_path: container_path_of(host.as_ref()),
-        major,
-        minor,
-        file_mode: 0o666,
+fn gpu(index: u32, uuid: &str, path: &str, minor: u32) -> AssignedGpu {
+    AssignedGpu {
+        index,
+        uuid: uuid.into(),
+        model: "Fake A100".into(),
+        memory: 8 << 30,
+        device: Some(DeviceNode {
+            path: path.into(),
+            major: 195,
+            minor,
+        }),
+        fake: true,
     }
 }
 
-/// Two GPUs (one fake, outside /dev) and two control nodes, with a hook that has options.
-pub(super) fn injection() -> Injection {
+/// The node service's reply for vGPU `id` on `gpus`, with the host spec's edits `cdi`.
+pub(super) fn reply(id: u64, gpus: Vec<AssignedGpu>, cdi: Option<CdiEdits>) -> VgpuReply {
+    VgpuReply {
+        id: VgpuId(id),
+        handle: None,
+        container: None,
+        gpus,
+        weight: 1,
+        priority: Priority::Normal,
+        cdi,
+    }
+}
+
+/// vGPU 3's reply: two GPUs, one fake outside /dev; `cdi`, its host spec's edits.
+pub(super) fn two_gpus(cdi: Option<CdiEdits>) -> VgpuReply {
+    let gpus = vec![
+        gpu(
+            0,
+            "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+            "/dev/nvidia0",
+            0,
+        ),
+        gpu(1, "GPU-fake-1", "/var/lib/gpuplex/fake/nvidia1", 1),
+    ];
+    reply(3, gpus, cdi)
+}
+
+/// The injection of `vgpu` with two control nodes and a hook that has options.
+pub(super) fn injection_of(vgpu: &VgpuReply) -> Injection {
+    let node = |path: &str, major, minor| DeviceNode {
+        path: path.into(),
+        major,
+        minor,
+    };
+    let control = [
+        node("/dev/nvidiactl", 195, 255),
+        node("/dev/nvidia-uvm", 508, 0),
+    ];
+    let identity = format!("/run/gpuplex/vgpus/{}.json", vgpu.id);
     Injection {
-        vgpu: "vgpu-3".into(),
+        vgpu: vgpu.id,
         handle: Some(gpuplex_scheduler::Handle::from_bytes([0x3c; 16])),
-        uuids: vec![
-            "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
-            "GPU-fake-1".into(),
-        ],
-        devices: vec![
-            node("/dev/nvidia0", 195, 0),
-            node("/var/lib/gpuplex/fake/nvidia1", 195, 1),
-            node("/dev/nvidiactl", 195, 255),
-            node("/dev/nvidia-uvm", 508, 0),
-        ],
-        identity_file: "/run/gpuplex/vgpus/vgpu-3.json".into(),
+        edits: vgpu_edits(vgpu, Path::new(&identity), &control).unwrap(),
         hook: Some(HookCommand {
             path: "/usr/local/bin/gpuplex-hook".into(),
             args: ["gpuplex-hook", "--config", "/etc/gpuplex/gpuplex.toml"]
@@ -58,14 +98,19 @@ pub(super) fn injection() -> Injection {
     }
 }
 
-/// One GPU, a hook with no args and no env.
+/// Two GPUs (one fake, outside /dev) and two control nodes, with a hook that has options.
+pub(super) fn injection() -> Injection {
+    injection_of(&two_gpus(None))
+}
+
+/// One GPU, no control node, a hook with no args and no env, no handle.
 pub(super) fn one() -> Injection {
+    let vgpu = reply(1, vec![gpu(0, "GPU-a", "/dev/nvidia0", 0)], None);
+    let identity = Path::new("/run/gpuplex/vgpus/vgpu-1.json");
     Injection {
-        vgpu: "vgpu-1".into(),
+        vgpu: vgpu.id,
         handle: None,
-        uuids: vec!["GPU-a".into()],
-        devices: vec![node("/dev/nvidia0", 195, 0)],
-        identity_file: "/run/gpuplex/vgpus/vgpu-1.json".into(),
+        edits: vgpu_edits(&vgpu, identity, &[]).unwrap(),
         hook: Some(HookCommand {
             path: "/usr/bin/gpuplex-hook".into(),
             args: vec![],
@@ -92,9 +137,9 @@ fn edits_each_fixture() {
     let inj = injection();
     for (name, input) in fixtures() {
         let out = edited(&input, &inj);
-        for device in &inj.devices {
-            let path = device.container_path.to_str().unwrap();
-            let (major, minor) = (device.major, device.minor);
+        for device in &inj.edits.device_nodes {
+            let path = device.path.as_str();
+            let (major, minor) = (device.major.unwrap(), device.minor.unwrap());
             let entry = json!({"path": path, "type": "c", "major": major, "minor": minor,
                 "fileMode": 0o666, "uid": 0, "gid": 0});
             let at_path: Vec<_> = items(&out, "/linux/devices")
@@ -177,15 +222,11 @@ fn others(config: &Value, pointer: &str, ours: impl Fn(&Value) -> bool) -> Vec<V
 #[test]
 fn leaves_everything_else_as_it_was() {
     let inj = injection();
-    let paths: Vec<_> = inj
-        .devices
-        .iter()
-        .map(|d| d.container_path.to_str().unwrap())
-        .collect();
+    let paths: Vec<_> = inj.edits.device_nodes.iter().map(|d| &d.path).collect();
     for (name, input) in fixtures() {
         let out = edited(&input, &inj);
         assert_eq!(without_edited(&out), without_edited(&input), "{name}");
-        let ours = |d: &Value| paths.iter().any(|p| d["path"] == *p);
+        let ours = |d: &Value| paths.iter().any(|p| d["path"] == **p);
         assert_eq!(
             others(&out, "/linux/devices", ours),
             others(&input, "/linux/devices", ours),
@@ -214,8 +255,8 @@ fn leaves_everything_else_as_it_was() {
             );
         }
         let mut annotations = out["annotations"].as_object().unwrap().clone();
-        annotations.remove(VGPU_ID_ANNOTATION);
-        annotations.remove(VGPU_HANDLE_ANNOTATION);
+        annotations.remove(VGPU_ID);
+        annotations.remove(VGPU_HANDLE);
         assert_eq!(
             Some(&annotations),
             input["annotations"]
@@ -284,17 +325,88 @@ fn without_a_hook_command_no_hook_is_added() {
     let config = serde_json::json!({"hooks": {"poststop": [{"path": "/bin/true"}]}});
     let out = edited(&config, &injection);
     assert_eq!(out["hooks"], config["hooks"]);
-    assert_eq!(out["annotations"][VGPU_ID_ANNOTATION], "vgpu-1");
+    assert_eq!(out["annotations"][VGPU_ID], "vgpu-1");
 }
 
 #[test]
 fn the_handle_is_in_the_spec_only_for_a_hook_that_attaches_with_it() {
     let config = json!({"annotations": {"gpuplex.io/gpu-memory": "1Gi"}});
     let with = edited(&config, &injection());
-    assert_eq!(with["annotations"][VGPU_HANDLE_ANNOTATION], "3c".repeat(16));
+    assert_eq!(with["annotations"][VGPU_HANDLE], "3c".repeat(16));
     let without = edited(&with, &one());
     assert!(
-        without["annotations"].get(VGPU_HANDLE_ANNOTATION).is_none(),
+        without["annotations"].get(VGPU_HANDLE).is_none(),
         "{without}"
     );
+}
+
+/// A host CDI spec's edits for the GPUs: a node at a GPU's path (as NVIDIA's specs have it),
+/// NVIDIA's variable, a library and a mount at `/run`, and NVIDIA's hook.
+fn host_edits() -> CdiEdits {
+    CdiEdits {
+        env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+        device_nodes: vec![CdiDeviceNode {
+            path: "/dev/nvidia0".into(),
+            node_type: Some("c".into()),
+            major: Some(195),
+            minor: Some(0),
+            ..CdiDeviceNode::default()
+        }],
+        mounts: vec![
+            CdiMount {
+                host_path: "/usr/lib/libcuda.so.1".into(),
+                container_path: "/usr/lib/libcuda.so.1".into(),
+                mount_type: None,
+                options: vec!["ro".into(), "bind".into()],
+            },
+            CdiMount {
+                host_path: "tmpfs".into(),
+                container_path: "/run".into(),
+                mount_type: Some("tmpfs".into()),
+                options: vec![],
+            },
+        ],
+        hooks: vec![CdiHook {
+            hook_name: "createContainer".into(),
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            args: vec!["nvidia-cdi-hook".into(), "update-ldcache".into()],
+            ..CdiHook::default()
+        }],
+        ..CdiEdits::default()
+    }
+}
+
+#[test]
+fn the_host_specs_edits_go_in_first_and_gpuplexs_win() {
+    let inj = injection_of(&two_gpus(Some(host_edits())));
+    for (name, input) in fixtures() {
+        let out = edited(&input, &inj);
+        let at_path: Vec<_> = items(&out, "/linux/devices")
+            .iter()
+            .filter(|d| d["path"] == "/dev/nvidia0")
+            .collect();
+        let ours = json!({"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0,
+            "fileMode": 0o666, "uid": 0, "gid": 0});
+        assert_eq!(at_path, [&ours], "{name}");
+        let mounts = items(&out, "/mounts");
+        let destinations: Vec<_> = mounts
+            .iter()
+            .rev()
+            .take(3)
+            .map(|m| &m["destination"])
+            .collect();
+        assert_eq!(
+            destinations,
+            [IDENTITY_PATH, "/run", "/usr/lib/libcuda.so.1"],
+            "{name}: the identity mount is last, on top of the spec's /run"
+        );
+        let env = items(&out, "/process/env");
+        assert!(
+            env.contains(&json!("NVIDIA_VISIBLE_DEVICES=void")),
+            "{name}"
+        );
+        let hook = &items(&out, "/hooks/createContainer")[0];
+        assert_eq!(hook["path"], "/usr/bin/nvidia-cdi-hook", "{name}");
+        assert_eq!(edited(&out, &inj), out, "{name}: idempotent");
+    }
 }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuplex_hook::spec::DeviceNode;
+use gpuplex_wire::protocol::cdi::CdiDeviceNode;
 use serde_json::{json, Value};
 
 /// The runc binary the tests use.
@@ -164,8 +164,8 @@ impl Container {
     }
 
     /// A fake GPU: a character device node with major 195 made in this container's tempdir,
-    /// to appear in the container at `container_path`.
-    pub fn fake_gpu(&self, minor: u32, container_path: &str) -> DeviceNode {
+    /// as CDI edits give it, to appear in the container at `container_path`.
+    pub fn fake_gpu(&self, minor: u32, container_path: &str) -> CdiDeviceNode {
         let host_path = self.dir.path().join(format!("fakegpu{minor}"));
         if !host_path.exists() {
             nix::sys::stat::mknod(
@@ -176,12 +176,14 @@ impl Container {
             )
             .unwrap();
         }
-        DeviceNode {
-            host_path,
-            container_path: container_path.into(),
-            major: 195,
-            minor,
-            file_mode: 0o666,
+        CdiDeviceNode {
+            path: container_path.into(),
+            host_path: Some(host_path.display().to_string()),
+            node_type: Some("c".into()),
+            major: Some(195),
+            minor: Some(minor.into()),
+            file_mode: Some(0o666),
+            ..CdiDeviceNode::default()
         }
     }
 

@@ -4,8 +4,8 @@
 //! The rules, in the order they apply:
 //!
 //! 1. A claim's attach step in the spec's `createRuntime` hooks (the format is the hook
-//!    library's, [`gpuplex_hook::claim::take_attach_hook`], which also refuses a forged or second
-//!    step) and the device plugin's allocation annotation ([`ALLOCATION`]; refused when it is
+//!    wire crate's, [`gpuplex_wire::attach_step::take_attach_hook`], which also refuses a forged
+//!    or second step) and the device plugin's allocation annotation ([`ALLOCATION`]; refused when it is
 //!    not a handle) come first:
 //!    - an allocation, with or without a step of the same handle: [`VgpuOrigin::Allocation`];
 //!      with a step of another handle: refused;
@@ -20,10 +20,10 @@
 
 use std::collections::BTreeMap;
 
-use gpuplex_hook::claim::take_attach_hook;
 use gpuplex_hook::spec::gpuplex_annotations;
-use gpuplex_scheduler::request::{ALLOCATION, POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX};
 use gpuplex_scheduler::Handle;
+use gpuplex_wire::annotations::{ALLOCATION, POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX};
+use gpuplex_wire::attach_step::take_attach_hook;
 use serde_json::Value;
 
 /// How CRI marks a pod's sandbox (pause) container.

@@ -9,7 +9,7 @@
 //!   (the same function podman's precreate hook runs), attaches the container once it has a
 //!   pid, and releases the vGPU at delete;
 //! - a Kubernetes claim's container: its vGPU is pinned already, and the claim's CDI device,
-//!   which the runtime applied, ends with the attach step ([`gpuplex_hook::claim`]). The shim
+//!   which the runtime applied, ends with the attach step ([`gpuplex_wire::attach_step`]). The shim
 //!   takes that step out of the spec and attaches the container itself, with the claim's
 //!   handle; its delete releases nothing (the claim's vGPU is the claim's);
 //! - a container given `gpuplex.io/gpu-memory` units by the kubelet (the device plugin) carries

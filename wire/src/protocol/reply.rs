@@ -320,7 +320,8 @@ pub struct AssignedGpu {
     pub fake: bool,
 }
 
-/// A character device node on the host.
+/// A character device node on the host: a GPU's, as the node service names it, or a control
+/// node ([`crate::vgpu_edits::control_nodes`]); [`crate::vgpu_edits`] gives it to a container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceNode {
     /// Its path on the host (`/dev/nvidia0`).

@@ -12,7 +12,7 @@ fn handle(n: u8) -> Handle {
 
 /// A claim's attach step for `handle`, as the DRA driver writes it into the claim's CDI spec.
 fn step(n: u8) -> Value {
-    let hook = gpuplex_hook::claim::attach_hook(
+    let hook = gpuplex_wire::attach_step::attach_hook(
         Path::new("/usr/bin/gpuplex-hook"),
         Path::new("/run/gpuplex/gpuplex.sock"),
         &handle(n),

@@ -111,7 +111,7 @@ fn spec(annotations: Value, hooks: Vec<Value>) -> Vec<u8> {
 
 /// A claim's attach step for handle `n`, as the DRA driver writes it.
 fn step(n: u8) -> Value {
-    let hook = gpuplex_hook::claim::attach_hook(
+    let hook = gpuplex_wire::attach_step::attach_hook(
         Path::new("/usr/bin/gpuplex-hook"),
         Path::new("/run/gpuplex/gpuplex.sock"),
         &handle(n),

@@ -1,47 +1,50 @@
-//! Host character device nodes and where they appear in a container.
+//! Host character device nodes ([`DeviceNode`]) and where they appear in a container.
 
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use gpuplex_cgroup::DeviceNumbers;
-
-use super::SpecError;
+use crate::protocol::DeviceNode;
 
 /// The NVIDIA control nodes a container with a GPU also needs, where the host has them.
 pub const CONTROL_NODES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
 
-/// A character device node to give a container.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceNode {
-    /// The node on the host.
-    pub host_path: PathBuf,
-    /// Where it appears in the container.
-    pub container_path: PathBuf,
-    /// Its major number.
-    pub major: u32,
-    /// Its minor number.
-    pub minor: u32,
-    /// Its permission bits, such as `0o666`.
-    pub file_mode: u32,
+/// Why a host path is no device node to give a container. One line.
+#[derive(Debug, thiserror::Error)]
+pub enum HostNodeError {
+    /// The path could not be read.
+    #[error("cannot read device node {}: {source}", path.display())]
+    Stat {
+        /// The node.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The path is not a character device.
+    #[error("{} is not a character device; a GPU node (real or fake) is made with `mknod PATH c MAJOR MINOR`", path.display())]
+    NotCharDevice {
+        /// The path.
+        path: PathBuf,
+    },
 }
 
 impl DeviceNode {
-    /// Reads the major/minor numbers and permission bits of a host node, which must be a
-    /// character device (a symlink to one is followed; `host_path` stays the link). The
-    /// container path is [`container_path_of`]`(host_path)`.
-    pub fn from_host(host_path: &Path) -> Result<DeviceNode, SpecError> {
-        let found = DeviceNumbers::char_device(host_path).map_err(|source| SpecError::Stat {
-            path: host_path.to_path_buf(),
+    /// The host character device at `path` with its major and minor numbers; a symlink to one
+    /// is followed, and `path` stays the link.
+    pub fn of_char_device(path: &Path) -> Result<DeviceNode, HostNodeError> {
+        let metadata = std::fs::metadata(path).map_err(|source| HostNodeError::Stat {
+            path: path.to_path_buf(),
             source,
         })?;
-        let numbers = found.ok_or_else(|| SpecError::NotCharDevice {
-            path: host_path.to_path_buf(),
-        })?;
+        if !metadata.file_type().is_char_device() {
+            return Err(HostNodeError::NotCharDevice {
+                path: path.to_path_buf(),
+            });
+        }
+        let rdev = metadata.rdev();
         Ok(DeviceNode {
-            host_path: host_path.to_path_buf(),
-            container_path: container_path_of(host_path),
-            major: numbers.major,
-            minor: numbers.minor,
-            file_mode: numbers.permissions,
+            path: path.to_path_buf(),
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
         })
     }
 }
@@ -63,11 +66,11 @@ pub fn container_path_of(host: &Path) -> PathBuf {
 }
 
 /// The [`CONTROL_NODES`] in the directory `dev` that exist and are character devices, in that
-/// order. Each one's container path is `/dev/<name>`.
+/// order. Each one appears in the container at `/dev/<name>`.
 pub fn control_nodes_in(dev: &Path) -> Vec<DeviceNode> {
     CONTROL_NODES
         .iter()
-        .filter_map(|name| DeviceNode::from_host(&dev.join(name)).ok())
+        .filter_map(|name| DeviceNode::of_char_device(&dev.join(name)).ok())
         .collect()
 }
 
@@ -78,10 +81,10 @@ pub fn control_nodes() -> Vec<DeviceNode> {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::CString;
     use std::fs;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::symlink;
-
-    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
     use super::*;
 
@@ -106,40 +109,40 @@ mod tests {
     }
 
     #[test]
-    fn from_host_reads_a_character_device() {
-        let null = DeviceNode::from_host(Path::new("/dev/null")).unwrap();
+    fn of_char_device_reads_a_character_device() {
+        let null = DeviceNode::of_char_device(Path::new("/dev/null")).unwrap();
         let expected = DeviceNode {
-            host_path: "/dev/null".into(),
-            container_path: "/dev/null".into(),
+            path: "/dev/null".into(),
             major: 1,
             minor: 3,
-            file_mode: 0o666,
         };
         assert_eq!(null, expected);
     }
 
     #[test]
-    fn from_host_reads_a_node_made_anywhere() {
+    fn of_char_device_reads_a_node_made_anywhere() {
         let dir = tempfile::tempdir().unwrap();
         let node = dir.path().join("fakegpu7");
-        let mode = Mode::from_bits_truncate(0o640);
-        if let Err(err) = mknod(&node, SFlag::S_IFCHR, mode, makedev(195, 7)) {
+        let name = CString::new(node.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `name` is a valid NUL-terminated path for the duration of the call.
+        let made =
+            unsafe { libc::mknod(name.as_ptr(), libc::S_IFCHR | 0o640, libc::makedev(195, 7)) };
+        if made != 0 {
+            let err = std::io::Error::last_os_error();
             eprintln!("skipped: mknod needs CAP_MKNOD ({err})");
             return;
         }
-        let got = DeviceNode::from_host(&node).unwrap();
+        let got = DeviceNode::of_char_device(&node).unwrap();
         let expected = DeviceNode {
-            host_path: node.clone(),
-            container_path: "/dev/fakegpu7".into(),
+            path: node.clone(),
             major: 195,
             minor: 7,
-            file_mode: 0o640,
         };
         assert_eq!(got, expected);
     }
 
     #[test]
-    fn from_host_refuses_what_is_not_a_character_device() {
+    fn of_char_device_refuses_what_is_not_a_character_device() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("nvidia0");
         fs::write(&file, "").unwrap();
@@ -162,7 +165,7 @@ mod tests {
             ),
         ];
         for (path, start) in table {
-            let message = DeviceNode::from_host(&path).unwrap_err().to_string();
+            let message = DeviceNode::of_char_device(&path).unwrap_err().to_string();
             assert!(message.starts_with(&start), "{message}");
             assert!(!message.contains('\n'), "{message}");
         }
@@ -177,11 +180,9 @@ mod tests {
         fs::write(dir.path().join("nvidia-uvm"), "not a device").unwrap();
         let got = control_nodes_in(dir.path());
         let node = |name: &str, minor| DeviceNode {
-            host_path: dir.path().join(name),
-            container_path: Path::new("/dev").join(name),
+            path: dir.path().join(name),
             major: 1,
             minor,
-            file_mode: 0o666,
         };
         assert_eq!(got, vec![node("nvidiactl", 3), node("nvidia-uvm-tools", 5)]);
         assert_eq!(control_nodes_in(&dir.path().join("absent")), vec![]);

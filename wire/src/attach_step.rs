@@ -1,4 +1,5 @@
-//! The attach step of a Kubernetes claim's containers.
+//! The attach step of a Kubernetes claim's containers, defined once for the DRA driver that
+//! writes it and the hook and the containerd shim that read it.
 //!
 //! The DRA driver pins a claim's vGPU before any of its containers exists and writes a CDI
 //! spec for it; the runtime applies that spec to each container of the pod. The spec's last
@@ -13,8 +14,8 @@
 
 use std::path::Path;
 
+use crate::protocol::cdi::CdiHook;
 use gpuplex_scheduler::Handle;
-use gpuplex_wire::protocol::cdi::CdiHook;
 use serde_json::Value;
 
 /// The hook's stage word.
