@@ -204,7 +204,7 @@ fn the_kubelet_registers_lists_prefers_and_allocates_units_and_the_plugin_surviv
         assert_eq!(answer.annotations[ALLOCATION].len(), 32);
         let gpu_node = &answer.devices[0];
         assert_eq!(Path::new(&gpu_node.host_path), service.devices[1]);
-        assert_eq!(gpu_node.permissions, "rw");
+        assert_eq!(gpu_node.permissions, "rwm");
         let identity = &answer.mounts[0];
         assert_eq!(identity.container_path, "/run/gpuplex/vgpu.json");
         assert!(identity.read_only);
@@ -251,18 +251,27 @@ fn the_kubelet_registers_lists_prefers_and_allocates_units_and_the_plugin_surviv
         // pinned (allocated in turn, the second would end the first's allocation).
         let request = dp::AllocateRequest {
             container_requests: vec![
-                dp::ContainerAllocateRequest { devices_ids: ids(0, 0..3) },
-                dp::ContainerAllocateRequest { devices_ids: ids(0, 2..4) },
+                dp::ContainerAllocateRequest {
+                    devices_ids: ids(0, 0..3),
+                },
+                dp::ContainerAllocateRequest {
+                    devices_ids: ids(0, 2..4),
+                },
             ],
         };
         let shared = dp.clone().allocate(request).await.unwrap_err();
         assert_eq!(shared.code(), tonic::Code::InvalidArgument);
         assert!(
-            shared.message().contains("gpu-0-2 was given to two containers"),
+            shared
+                .message()
+                .contains("gpu-0-2 was given to two containers"),
             "{shared:?}"
         );
         assert_eq!(service.status()["gpus"][0]["unreserved"], 16 * GIB);
-        assert_eq!(service.status()["reservations"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            service.status()["reservations"].as_array().unwrap().len(),
+            1
+        );
 
         // GPU 0's device node disappears: its units turn unhealthy, and healthy again when
         // it is back.

@@ -119,10 +119,10 @@ fn the_metrics_policy_admits_the_daemonsets_pods_on_the_metrics_port_only() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kubernetes");
     let read = |name: &str| -> Value {
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
-        serde_yaml::Deserializer::from_str(&text)
+        let found = serde_yaml::Deserializer::from_str(&text)
             .map(|d| Value::deserialize(d).unwrap())
-            .find(|d| d["kind"] == "NetworkPolicy" || d["kind"] == "DaemonSet")
-            .unwrap()
+            .find(|d| d["kind"] == "NetworkPolicy" || d["kind"] == "DaemonSet");
+        found.unwrap()
     };
     let policy = read("metrics-networkpolicy.yaml");
     let daemonset = read("gpuplex.yaml");
@@ -130,12 +130,24 @@ fn the_metrics_policy_admits_the_daemonsets_pods_on_the_metrics_port_only() {
         policy["spec"]["podSelector"]["matchLabels"],
         daemonset["spec"]["template"]["metadata"]["labels"]
     );
-    assert_eq!(policy["metadata"]["namespace"], daemonset["metadata"]["namespace"]);
-    assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        policy["metadata"]["namespace"],
+        daemonset["metadata"]["namespace"]
+    );
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
     let rules = policy["spec"]["ingress"].as_array().unwrap();
     assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0]["ports"], serde_json::json!([{"protocol": "TCP", "port": 9400}]));
+    assert_eq!(
+        rules[0]["ports"],
+        serde_json::json!([{"protocol": "TCP", "port": 9400}])
+    );
     // The port is the one gpuplex.toml's documentation gives as metrics_listen's example.
     let toml = std::fs::read_to_string(dir.join("../gpuplex.toml")).unwrap();
-    assert!(toml.contains("\"127.0.0.1:9400\""), "config/gpuplex.toml: metrics_listen's example");
+    assert!(
+        toml.contains("\"127.0.0.1:9400\""),
+        "config/gpuplex.toml: metrics_listen's example"
+    );
 }

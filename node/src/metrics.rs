@@ -787,7 +787,11 @@ mod tests {
         )
         .unwrap();
         let [a, b, c, d] = source;
-        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::new(a, b, c, d, 0)).unwrap();
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::new(a, b, c, d, 0),
+        )
+        .unwrap();
         connect(
             std::os::fd::AsRawFd::as_raw_fd(&fd),
             &SockaddrStorage::from(to),
@@ -797,17 +801,17 @@ mod tests {
     }
 
     /// Whether the server closed `stream` (end of file or reset), without waiting.
-    fn closed(stream: &mut TcpStream) -> bool {
+    fn closed(mut stream: &TcpStream) -> bool {
         stream.set_nonblocking(true).unwrap();
         let mut byte = [0u8; 1];
         !matches!(stream.read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
     /// Waits until `want` of `streams` are closed by the server, within 20 s.
-    fn wait_closed(streams: &mut [TcpStream], want: usize) -> usize {
+    fn wait_closed(streams: &[TcpStream], want: usize) -> usize {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let now = streams.iter_mut().filter(|s| closed(s)).count();
+            let now = streams.iter().filter(|s| closed(s)).count();
             if now >= want || Instant::now() > deadline {
                 return now;
             }
@@ -825,7 +829,7 @@ mod tests {
             ..Limits::default()
         };
         serve(listener, limits, || Some(status())).unwrap();
-        let mut attackers: Vec<TcpStream> = (0..300)
+        let attackers: Vec<TcpStream> = (0..300)
             .map(|_| {
                 let mut s = connect_from([127, 0, 0, 2], addr);
                 s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x").unwrap();
@@ -834,14 +838,18 @@ mod tests {
             .collect();
         // The scraper, elsewhere: answered now, not after the attackers' deadlines.
         let mut scrape = connect_from([127, 0, 0, 1], addr);
-        scrape.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        scrape
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         scrape.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
         let mut reply = String::new();
-        scrape.read_to_string(&mut reply).expect("the scrape answered within 30 s");
+        scrape
+            .read_to_string(&mut reply)
+            .expect("the scrape answered within 30 s");
         assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
         // The attacking address's share is held; every other connection of it was closed.
-        assert_eq!(wait_closed(&mut attackers, 300 - 8), 300 - 8);
-        assert_eq!(attackers.iter_mut().filter(|s| closed(s)).count(), 300 - 8);
+        assert_eq!(wait_closed(&attackers, 300 - 8), 300 - 8);
+        assert_eq!(attackers.iter().filter(|s| closed(s)).count(), 300 - 8);
     }
 
     #[test]
@@ -855,15 +863,20 @@ mod tests {
         };
         serve(listener, limits, || Some(status())).unwrap();
         let mut held = Vec::new();
-        for source in [[127, 0, 0, 2], [127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 3]] {
+        for source in [
+            [127, 0, 0, 2],
+            [127, 0, 0, 2],
+            [127, 0, 0, 3],
+            [127, 0, 0, 3],
+        ] {
             held.push(connect_from(source, addr));
         }
-        let mut extra = vec![
+        let extra = [
             connect_from([127, 0, 0, 3], addr),
             connect_from([127, 0, 0, 4], addr),
         ];
-        assert_eq!(wait_closed(&mut extra, 2), 2);
-        assert_eq!(held.iter_mut().filter(|s| closed(s)).count(), 0);
+        assert_eq!(wait_closed(&extra, 2), 2);
+        assert_eq!(held.iter().filter(|s| closed(s)).count(), 0);
         // One finishes: its slot is free again.
         let mut first = held.remove(0);
         first.set_nonblocking(false).unwrap();

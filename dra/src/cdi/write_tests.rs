@@ -51,7 +51,9 @@ fn a_hard_link_at_the_temporary_name_is_not_written_through() {
     assert_eq!(mode(&outside), 0o644);
     assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 1);
     assert_eq!(mode(&written), 0o600);
-    assert!(std::fs::read_to_string(&written).unwrap().contains("GPU-fake-0"));
+    assert!(std::fs::read_to_string(&written)
+        .unwrap()
+        .contains("GPU-fake-0"));
 }
 
 #[test]
