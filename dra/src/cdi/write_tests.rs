@@ -1,7 +1,7 @@
 //! Writing a spec into a CDI directory that someone else can write to: what is planted at the
 //! temporary name is never written through, and the spec is 0600 whatever was there.
 
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use super::*;
 
@@ -25,12 +25,7 @@ fn mode(path: &Path) -> u32 {
 #[test]
 fn a_file_left_at_the_temporary_name_does_not_give_the_spec_its_mode() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o644)
-        .open(temp_of(dir.path()))
-        .unwrap();
+    std::fs::write(temp_of(dir.path()), "left over").unwrap();
     std::fs::set_permissions(temp_of(dir.path()), PermissionsExt::from_mode(0o644)).unwrap();
     let written = write(dir.path(), UID, &edits()).unwrap();
     assert_eq!(mode(&written), 0o600);
