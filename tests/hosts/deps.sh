@@ -12,7 +12,9 @@ done
 [ -n "$missing" ] || exit 0
 [ "$(id -u)" = 0 ] || { echo "make test-hosts needs$missing: apt-get install$missing (as root)" >&2; exit 1; }
 
-install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null; }
+# --no-remove: apt-get -y would otherwise make room for bookworm's qemu-system-x86 by removing the
+# qemu-utils from bookworm-backports (and qemu-img with it), instead of failing over to backports.
+install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends --no-remove "$@" >/dev/null; }
 echo "installing:$missing"
 if install $missing 2>/dev/null || { apt-get update -q >/dev/null && install $missing 2>/dev/null; }; then
 	exit 0
