@@ -163,8 +163,15 @@ fn a_claim_that_no_longer_fits_is_refused_in_one_line_leaving_nothing() {
     assert_eq!(state_files(&service), files);
 }
 
+/// The largest share of samples in which two containers of one vGPU may differ.
+const APART_AT_MOST: f64 = 0.2;
+
 /// Samples the freezer state of `group` and `other` together for `span`: how many samples,
 /// how many with `group` frozen, and how many with the two differing.
+///
+/// Two containers of one vGPU differ only while a switch freezes or thaws one after the other
+/// (a few milliseconds each, tens in an emulated VM); two vGPUs taking turns against a third
+/// differ about two thirds of the time. [`APART_AT_MOST`] lies between.
 fn frozen_together(group: &TestCgroup, other: &TestCgroup, span: Duration) -> (u32, u32, u32) {
     let (mut samples, mut frozen, mut apart) = (0, 0, 0);
     let end = std::time::Instant::now() + span;
@@ -224,7 +231,7 @@ fn the_containers_of_a_pod_share_its_claims_vgpu_freeze_together_and_come_back_a
         "the pod was hardly ever running: {frozen} of {samples}"
     );
     assert!(
-        apart * 20 < samples,
+        f64::from(apart) < APART_AT_MOST * f64::from(samples),
         "app and sidecar froze apart in {apart} of {samples} samples"
     );
     let status = service.status();
@@ -270,7 +277,7 @@ fn the_containers_of_a_pod_share_its_claims_vgpu_freeze_together_and_come_back_a
     }
     let (samples, frozen, apart) = frozen_together(&app, &sidecar, Duration::from_secs(2));
     assert!(
-        frozen * 5 > samples && apart * 20 < samples,
+        frozen * 5 > samples && f64::from(apart) < APART_AT_MOST * f64::from(samples),
         "after the restart: {frozen} frozen, {apart} apart of {samples}"
     );
 

@@ -764,8 +764,14 @@ fn pause_and_hold(service: &NodeService, a: &TestCgroup) {
     assert!(a.is_frozen(), "the hold thawed it");
 }
 
-/// For `over`: `a` stays frozen (nobody thaws it) and `b` is never frozen, and runs.
+/// For `over`: `a` stays frozen (nobody thaws it) and `b`, once the service has given it the
+/// window (the hold may have come while `b` waited, frozen, for its turn), is never frozen again,
+/// and runs.
 fn check_paused_alone(a: &TestCgroup, b: &TestCgroup, over: Duration) {
+    assert!(
+        wait_until(Duration::from_secs(1), || !b.is_frozen()).is_some(),
+        "the other one was not given the window after the hold"
+    );
     let start = Instant::now();
     let cpu = b.cpu();
     while start.elapsed() < over {

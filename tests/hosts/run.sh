@@ -79,6 +79,12 @@ if ! grep -q '^done' "$run/results"; then
 	tail -n 30 "$run/console.log" >&2
 	exit 1
 fi
+# A failed check's log ends with what failed (libtest prints its failures last): shown here, so
+# that a CI run's output says it.
+grep '^FAIL ' "$run/results" | while read -r _ name _; do
+	echo "test-hosts: the end of $name's log:"
+	tail -n 60 "$run/logs/$name.log" | sed 's/^/  | /'
+done
 passed=$(grep -c '^ok ' "$run/results" || true)
 failed=$(grep -c '^FAIL ' "$run/results" || true)
 echo "test-hosts: ${took} s from boot to power-off ($accel); logs in $run/logs"

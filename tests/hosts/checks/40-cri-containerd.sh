@@ -12,7 +12,7 @@ while IFS=$'\t' read -r package kind name dir exe; do
 	esac
 	echo "== $package $name"
 	ran=$((ran + 1))
-	(cd "$dir" && "$exe" --test-threads=1 2>&1) | tee "$var/$name.out" || failed="$failed $package/$name"
+	(cd "$dir" && "$exe" --test-threads=1 --nocapture 2>&1) | tee "$var/$name.out" || failed="$failed $package/$name"
 	# Here nothing may skip: this is the machine those tests wait for.
 	! grep -q '^SKIPPED' "$var/$name.out" || failed="$failed $package/$name(skipped)"
 done <"$run/tests.tsv"
