@@ -24,8 +24,14 @@ pub const GPU_UUID: &str = "GPU-fake-0";
 /// n-th reservation (n = 1, 2, ...) so that a test or a fuzz input can attach what it reserved.
 /// Fails (one line) only when the directory cannot hold the fixtures.
 pub fn service(dir: &Path) -> Result<Service, String> {
+    service_with_state(dir, &dir.join("state"))
+}
+
+/// [`service`], with its state directory at `state_dir` (a test restarts a service over a copy
+/// of another's state: the first keeps its node lock).
+pub fn service_with_state(dir: &Path, state_dir: &Path) -> Result<Service, String> {
     let freezer = dir.join("freezer");
-    let state_dir = dir.join("state");
+    let state_dir = state_dir.to_path_buf();
     let cdi = dir.join("cdi");
     fs::create_dir_all(&freezer).map_err(|e| format!("{}: {e}", freezer.display()))?;
     let mut config = NodeConfig::default();

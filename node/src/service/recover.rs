@@ -16,7 +16,7 @@ use gpuplex_scheduler::node::{Attachment, ReleaseKey, Target, VgpuRecord};
 use gpuplex_scheduler::request::VgpuRequest;
 use gpuplex_scheduler::{GpuIndex, Handle, VgpuId};
 
-use super::enforce::{Enforced, Member};
+use super::enforced::{Enforced, Member};
 use super::leftovers;
 use super::unstarted::Unstarted;
 use super::{Service, ServiceError};
@@ -30,7 +30,7 @@ impl Service {
         // held container is frozen by its user, not by gpuplex: it is left as it is (the list
         // never has it).
         let thawed = self.thaw_listed();
-        let loaded = self.state.load()?;
+        let loaded = self.registry.state().load()?;
         for why in &loaded.unreadable {
             tracing::error!("state: {why}");
         }
@@ -50,7 +50,9 @@ impl Service {
                 Err(why) => {
                     dropped += 1;
                     tracing::warn!("{name}: not recovered: {why}");
-                    let removed = name.parse::<VgpuId>().map(|id| self.state.remove(id));
+                    let removed = name
+                        .parse::<VgpuId>()
+                        .map(|id| self.registry.state().remove(id));
                     if let Ok(Err(e)) = removed {
                         tracing::error!("{name}: {e}");
                     }
@@ -59,11 +61,11 @@ impl Service {
         }
         self.carry_over_accounting();
         // Nothing is frozen now: the list says so before the first freeze adds to it.
-        self.record_frozen(&[]);
+        self.enforcer.record_frozen(&[]);
         if kept + dropped > 0 {
             tracing::info!(
                 "recovered {kept} registration(s) from {}; dropped {dropped}",
-                self.state.path().display()
+                self.registry.state().path().display()
             );
         }
         Ok(())
@@ -73,7 +75,7 @@ impl Service {
     /// directory); how many. A list that cannot be read is logged: the records' cgroups are
     /// thawed next anyway.
     fn thaw_listed(&self) -> usize {
-        let listed = match self.state.load_frozen() {
+        let listed = match self.registry.state().load_frozen() {
             Ok(frozen) => frozen.frozen,
             Err(e) => {
                 tracing::error!("state: the frozen list cannot be read ({e}); thawing the records' cgroups instead");
@@ -92,7 +94,7 @@ impl Service {
 
     /// Gives the recovered vGPUs and the GPUs the accounting they had at the last checkpoint.
     fn carry_over_accounting(&mut self) {
-        let Some(saved) = self.state.load_accounting() else {
+        let Some(saved) = self.registry.state().load_accounting() else {
             return;
         };
         let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO);
@@ -106,16 +108,14 @@ impl Service {
                 wait_time: secs(a.wait_seconds),
                 ..VgpuStats::default()
             };
-            if self.node.carry_over_vgpu_stats(vgpu, stats) {
-                if let Some(e) = self.enforced.get_mut(&vgpu) {
+            if self.registry.node_mut().carry_over_vgpu_stats(vgpu, stats) {
+                if let Some(e) = self.enforcer.get_mut(vgpu) {
                     e.frozen_total = secs(a.frozen_seconds);
                 }
             }
         }
         for (&index, g) in &saved.gpus {
-            let same = self
-                .node
-                .inventory()
+            let same = (self.registry.node().inventory())
                 .gpu(GpuIndex(index))
                 .is_some_and(|now| now.uuid == g.uuid);
             if same {
@@ -123,7 +123,7 @@ impl Service {
                     busy_time: secs(g.busy_seconds),
                     switches: g.switches,
                 };
-                self.node.carry_over_gpu_stats(GpuIndex(index), stats);
+                (self.registry.node_mut()).carry_over_gpu_stats(GpuIndex(index), stats);
             }
         }
     }
@@ -171,7 +171,7 @@ impl Service {
         .ok_or("its annotations ask for no vGPU")?;
         let mut gpus = Vec::new();
         for g in &saved.gpus {
-            match self.node.inventory().gpu(GpuIndex(g.index)) {
+            match self.registry.node().inventory().gpu(GpuIndex(g.index)) {
                 Some(now) if now.uuid == g.uuid => gpus.push(GpuIndex(g.index)),
                 Some(now) => {
                     return Err(format!(
@@ -211,7 +211,7 @@ impl Service {
         let handle = match saved.handle.as_deref().map(str::parse::<Handle>) {
             Some(Ok(h)) => h,
             Some(Err(e)) => return Err(format!("its handle: {e}")),
-            None => super::requests::fresh_handle()?,
+            None => super::registry::fresh_handle()?,
         };
         let record = VgpuRecord {
             id,
@@ -230,7 +230,9 @@ impl Service {
                 .collect::<Result<_, _>>()
                 .map_err(|e| format!("its units: {e}"))?,
         };
-        self.node.restore(record, now).map_err(|e| e.to_string())?;
+        (self.registry.node_mut())
+            .restore(record, now)
+            .map_err(|e| e.to_string())?;
         let members: Vec<Member> = members
             .into_iter()
             .map(|(attachment, cgroup, pid, program)| {
@@ -250,7 +252,8 @@ impl Service {
             if saved.held {
                 // Restored attached, so the node accepts the hold; were it refused, the
                 // service would still leave the cgroup alone (`Enforced::held`).
-                if let Err(e) = self.node.hold(&ReleaseKey::Vgpu(id), true, now) {
+                let node = self.registry.node_mut();
+                if let Err(e) = node.hold(&ReleaseKey::Vgpu(id), true, now) {
                     tracing::error!("{id}: cannot hold it again: {e}");
                 }
                 enforced.set_held(true);
@@ -262,7 +265,7 @@ impl Service {
                         .map_or("", |a| a.container.as_str())
                 );
             }
-            self.enforced.insert(id, enforced);
+            self.enforcer.insert(id, enforced);
             self.watch_exits(id);
         }
         if dropped {

@@ -1,7 +1,8 @@
-//! The node socket's requests, carried out: the node decides, the service finds cgroups and
-//! saves the result before it answers. A request that fails leaves nothing behind: a
-//! reservation or registration whose record cannot be saved is released again; a hold or unhold
-//! that cannot be saved is refused, and changes nothing.
+//! The node socket's requests, carried out: the node decides, the service finds cgroups, and
+//! the [`Registry`](super::registry::Registry) saves the result before it is answered. A
+//! request that fails leaves nothing behind: a reservation or registration whose record cannot
+//! be saved is released again; a hold or unhold that cannot be saved is refused, and changes
+//! nothing.
 //!
 //! A reservation's handle is drawn here, from the kernel's random source, and shown only in the
 //! reply to the request that made it. Every cgroup a request names passes the one
@@ -10,18 +11,14 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, Target, VgpuRecord};
+use gpuplex_scheduler::node::{Attachment, Placement, ReleaseKey, VgpuRecord};
 use gpuplex_scheduler::units::UnitId;
 use gpuplex_scheduler::{Handle, VgpuId};
 use gpuplex_wire::protocol::cdi::CdiEdits;
 use gpuplex_wire::protocol::{EventsReply, Reply, Request, VgpuReply};
 
-use super::enforce::{Enforced, Member};
-use super::unstarted::Unstarted;
 use super::Service;
 use crate::gpus::GpuSource;
-use crate::state::{unix_ms, SavedAttachment, SavedFreezer, SavedGpu, SavedVgpu, FORMAT};
-use gpuplex_cgroup::{Admission, FreezerCgroup};
 
 impl Service {
     /// Carries out one request and says how it went.
@@ -39,7 +36,7 @@ impl Service {
                     let ago = now.saturating_since(at).as_millis() as u64;
                     wall.saturating_sub(ago)
                 };
-                Reply::Events(EventsReply::of(&self.node, since, at_ms))
+                Reply::Events(EventsReply::of(self.registry.node(), since, at_ms))
             }
             Request::Release(key) => self.release(&key),
             Request::Hold { key, held } => self.hold(&key, held),
@@ -85,13 +82,13 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let handle = match (self.handles)() {
+        let handle = match self.registry.draw_handle() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let vgpu = match self.node.reserve(pairs, handle, now) {
+        let vgpu = match self.registry.node_mut().reserve(pairs, handle, now) {
             Ok(record) => record.id,
             Err(e) => return Reply::refused(e),
         };
@@ -99,7 +96,7 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::refused(refused),
         };
-        if let Err(e) = self.save_new(vgpu) {
+        if let Err(e) = self.registry.save_new(vgpu) {
             return Reply::refused(e);
         }
         tracing::info!("{vgpu}: reserved on GPU {}", self.gpus_of(vgpu));
@@ -117,13 +114,13 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let fresh = match (self.handles)() {
+        let fresh = match self.registry.draw_handle() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
         let now = self.now();
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let vgpu = match self.node.pin(claim, pairs, placement, fresh, now) {
+        let vgpu = match (self.registry.node_mut()).pin(claim, pairs, placement, fresh, now) {
             Ok(record) => record.id,
             Err(e) => return Reply::refused(e),
         };
@@ -134,7 +131,11 @@ impl Service {
     /// it has when it is new): a new one gets its CDI edits and is saved before the reply; one
     /// pinned before changes nothing, whatever the CDI spec says now.
     fn pinned(&mut self, vgpu: VgpuId, fresh: Handle, what: &str) -> Reply {
-        let handle = self.node.record(vgpu).map_or(fresh, |r| r.handle);
+        let handle = self
+            .registry
+            .node()
+            .record(vgpu)
+            .map_or(fresh, |r| r.handle);
         if handle != fresh {
             let gpus = self.gpu_uuids_of(vgpu);
             let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
@@ -145,7 +146,7 @@ impl Service {
             Ok(cdi) => cdi,
             Err(refused) => return Reply::refused(refused),
         };
-        if let Err(e) = self.save_new(vgpu) {
+        if let Err(e) = self.registry.save_new(vgpu) {
             return Reply::refused(e);
         }
         tracing::info!("{vgpu}: pinned for {what} on GPU {}", self.gpus_of(vgpu));
@@ -159,12 +160,12 @@ impl Service {
         if let Some(refused) = self.no_gpu() {
             return refused;
         }
-        let fresh = match (self.handles)() {
+        let fresh = match self.registry.draw_handle() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
         let now = self.now();
-        let allocated = self.node.allocate(units, unit, fresh, now);
+        let allocated = (self.registry.node_mut()).allocate(units, unit, fresh, now);
         let allocated = match allocated {
             Ok(a) => a,
             Err(e) => return Reply::refused(e),
@@ -181,11 +182,15 @@ impl Service {
 
     /// A vGPU's GPUs with their UUIDs, as the CDI registry chooses edits for them.
     fn gpu_uuids_of(&self, vgpu: VgpuId) -> Vec<(u32, String)> {
-        let assigned = self.node.record(vgpu).map(|r| &r.assignment.gpus);
+        let assigned = self
+            .registry
+            .node()
+            .record(vgpu)
+            .map(|r| &r.assignment.gpus);
         assigned
             .into_iter()
             .flatten()
-            .filter_map(|&g| Some((g.0, self.node.inventory().gpu(g)?.uuid.clone())))
+            .filter_map(|&g| Some((g.0, self.registry.node().inventory().gpu(g)?.uuid.clone())))
             .collect()
     }
 
@@ -196,7 +201,7 @@ impl Service {
         let gpus: Vec<(u32, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
         let edits = self.cdi.edits_for(&gpus);
         if edits.is_err() {
-            self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
+            self.registry.undo_new(vgpu);
         }
         edits
     }
@@ -208,8 +213,8 @@ impl Service {
         unstarted: bool,
         asked: &BTreeMap<String, String>,
     ) -> Reply {
-        if let Some(vgpu) = self.node.vgpu_with(handle) {
-            let record = self.node.record(vgpu);
+        if let Some(vgpu) = self.registry.node().vgpu_with(handle) {
+            let record = self.registry.node().record(vgpu);
             if record.is_some_and(|r| r.containers().any(|c| c == attachment.container)) {
                 return self.reply(vgpu);
             }
@@ -219,7 +224,9 @@ impl Service {
             Err(e) => return Reply::refused(e),
         };
         let now = self.now();
-        let vgpu = match (self.node).attach_asking(handle, attachment.clone(), asked, now) {
+        let attached =
+            (self.registry.node_mut()).attach_asking(handle, attachment.clone(), asked, now);
+        let vgpu = match attached {
             Ok(record) => record.id,
             Err(e) => return Reply::refused(e),
         };
@@ -235,11 +242,10 @@ impl Service {
         attachment: Attachment,
         unstarted: bool,
     ) -> Reply {
-        if let Some(vgpu) = self.node.vgpu_of(&attachment.container) {
+        if let Some(vgpu) = self.registry.node().vgpu_of(&attachment.container) {
             // The same container again (a hook that runs at two stages) gets its vGPU, without
             // the handle; the same id from another process gets nothing of it.
-            let same = self
-                .node
+            let same = (self.registry.node())
                 .record(vgpu)
                 .is_some_and(|r| r.attachments.contains(&attachment));
             return if same {
@@ -258,14 +264,14 @@ impl Service {
             Ok(c) => c,
             Err(e) => return Reply::refused(e),
         };
-        let handle = match (self.handles)() {
+        let handle = match self.registry.draw_handle() {
             Ok(h) => h,
             Err(e) => return Reply::refused(e),
         };
         let pairs = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        let registered = self
-            .node
-            .register(pairs, handle, attachment.clone(), self.now());
+        let now = self.now();
+        let registered =
+            (self.registry.node_mut()).register(pairs, handle, attachment.clone(), now);
         let vgpu = match registered {
             Ok(record) => record.id,
             Err(e) => return Reply::refused(e),
@@ -281,7 +287,8 @@ impl Service {
     }
 
     fn release(&mut self, key: &ReleaseKey) -> Reply {
-        let Some(released) = self.node.release(key, self.now()) else {
+        let now = self.now();
+        let Some(released) = self.registry.node_mut().release(key, now) else {
             return Reply::Done;
         };
         let vgpu = released.record.id;
@@ -302,36 +309,24 @@ impl Service {
     /// freeze of its own becomes its user's pause); the hold is saved before it takes effect,
     /// so that a restart does not thaw it either.
     fn hold(&mut self, key: &ReleaseKey, held: bool) -> Reply {
-        let vgpu = match self.node.holdable(key, held) {
+        let vgpu = match self.registry.node().holdable(key, held) {
             Ok(v) => v,
             Err(e) => return Reply::refused(e),
         };
-        if self.node.is_held(vgpu) == held {
+        if self.registry.node().is_held(vgpu) == held {
             return self.reply(vgpu);
         }
-        if !self.enforced.contains_key(&vgpu) {
+        if !self.enforcer.contains(vgpu) {
             return Reply::refused(format!("{vgpu} has no cgroup the node service enforces"));
         }
-        let saved = self.saved(vgpu, held);
-        if let Err(e) = self.state.save(&saved) {
-            tracing::error!("{vgpu}: {e}");
-            return Reply::refused(if held {
-                format!("{e}; {vgpu} is not held, since a restart would have thawed it")
-            } else {
-                format!("{e}; {vgpu} stays held, since a restart would have held it again")
-            });
-        }
-        if let Err(e) = self.node.hold(&ReleaseKey::Vgpu(vgpu), held, self.now()) {
+        if let Err(e) = self.registry.hold(vgpu, held, self.enforcer.get(vgpu)) {
             return Reply::refused(e);
         }
         let container = self.container_of(vgpu);
-        if let Some(e) = self.enforced.get_mut(&vgpu) {
-            e.set_held(held);
-        }
         // A freeze of the service's became its user's pause: the watchdog must not undo it.
-        self.record_frozen(&[]);
-        if let Some(e) = self.enforced.get(&vgpu) {
-            let frozen = (e.members.iter()).any(|m| m.cgroup.is_frozen().unwrap_or(false));
+        self.enforcer.set_held(vgpu, held);
+        if self.enforcer.contains(vgpu) {
+            let frozen = self.enforcer.reads_frozen(vgpu);
             if held {
                 tracing::info!(
                     "{vgpu} ({container}): held (paused by its user): no window, never frozen or thawed by gpuplex until unhold"
@@ -349,134 +344,13 @@ impl Service {
         self.reply(vgpu)
     }
 
-    /// The freezer cgroup of a target, when the service may freeze it as a container's
-    /// ([`gpuplex_cgroup::Admission`]: the same check at register, attach and recovery).
-    pub(super) fn admitted_cgroup(&self, target: &Target) -> Result<FreezerCgroup, String> {
-        let found = match target {
-            Target::Pid(pid) => FreezerCgroup::of_pid(*pid, &self.hierarchies),
-            Target::Cgroup(path) => FreezerCgroup::at(path.as_ref(), &self.hierarchies),
-        };
-        let cgroup = found.map_err(|e| e.to_string())?;
-        self.admit(&cgroup)?;
-        Ok(cgroup)
-    }
-
-    /// [`gpuplex_cgroup::Admission::check`] against every cgroup enforced now.
-    pub(super) fn admit(&self, cgroup: &FreezerCgroup) -> Result<(), String> {
-        let enforced = self.enforced.iter().flat_map(|(v, e)| {
-            (e.members.iter()).map(move |m| (format!("{v} (container {})", m.container), &m.cgroup))
-        });
-        let watchdog: Vec<u32> = self.watchdog.iter().map(|w| w.pid()).collect();
-        let admission = Admission::of_processes(&self.hierarchies, &watchdog)
-            .map_err(|e| format!("cannot tell the node service's own cgroups: {e}"))?;
-        admission.check(cgroup, enforced).map_err(|e| e.to_string())
-    }
-
-    /// Enforces a container the node just attached to `vgpu` from now on (the first, or one
-    /// more of a claim's pod) and saves it. On failure it is not enforced, and the node lets it
-    /// go: a claim's vGPU is detached from it, any other vGPU released.
-    fn enforce(
-        &mut self,
-        vgpu: VgpuId,
-        cgroup: FreezerCgroup,
-        attachment: &Attachment,
-        unstarted: bool,
-    ) -> Result<(), String> {
-        let mut member = Member::new(&attachment.container, cgroup.clone());
-        // A container attached between its runtime's `create` and `start` (podman's and runc's
-        // createRuntime hook, the shim) is not sampled before it starts; a running process
-        // (`gpuplexctl register --pid`) is sampled at once.
-        if let (true, Target::Pid(pid)) = (unstarted, &attachment.target) {
-            member.unstarted = Unstarted::of(*pid);
-        }
-        match self.enforced.get_mut(&vgpu) {
-            Some(e) => e.members.push(member),
-            None => {
-                self.enforced.insert(vgpu, Enforced::new(member));
-            }
-        }
-        if let Err(e) = self.save_enforced(vgpu) {
-            tracing::error!("{vgpu}: {e}");
-            let now = self.now();
-            if let Some(e) = self.enforced.get_mut(&vgpu) {
-                e.members.retain(|m| m.container != attachment.container);
-                if e.members.is_empty() {
-                    self.enforced.remove(&vgpu);
-                }
-            }
-            if self.node.detach(vgpu, &attachment.container, now).is_none() {
-                self.node.release(&ReleaseKey::Vgpu(vgpu), now);
-                let _ = self.state.remove(vgpu);
-            }
-            return Err(format!(
-                "{e}; {} was not attached, since a restart would have lost it",
-                attachment.container
-            ));
-        }
-        self.watch_exits(vgpu);
-        tracing::info!(
-            "{vgpu}: {} attached on GPU {}, freezer {} {}",
-            attachment.container,
-            self.gpus_of(vgpu),
-            cgroup.version(),
-            cgroup.path().display()
-        );
-        Ok(())
-    }
-
-    /// What is saved of a vGPU (known to the node), `held` or not: its record, with the cgroup
-    /// of each container the service enforces.
-    fn saved(&self, vgpu: VgpuId, held: bool) -> SavedVgpu {
-        let record = self.node.record(vgpu).expect("a vGPU the node knows");
-        let age = self.now().saturating_since(record.reserved_at);
-        let reserved_at = SystemTime::now()
-            .checked_sub(age)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let enforced = self.enforced.get(&vgpu);
-        let mut attachments = record.attachments.iter().filter_map(|a| {
-            let member = enforced?.member(&a.container)?;
-            let mut saved = saved_attachment(a, &member.cgroup);
-            saved.program = member.unstarted.map(|u| u.program());
-            Some(saved)
-        });
-        SavedVgpu {
-            attachment: attachments.next(),
-            shared: attachments.collect(),
-            ..saved_vgpu(record, &self.node_gpu_uuids(), reserved_at, held)
-        }
-    }
-
     /// Saves an enforced vGPU as it is now (a container of a claim's vGPU came or went).
     pub(super) fn save_enforced(&mut self, vgpu: VgpuId) -> Result<(), crate::state::StateError> {
-        let saved = self.saved(vgpu, self.node.is_held(vgpu));
-        self.state.save(&saved)
-    }
-
-    /// Saves a new reservation's record; on failure releases it and returns the error reply.
-    fn save_new(&mut self, vgpu: VgpuId) -> Result<(), String> {
-        let saved = self.saved(vgpu, false);
-        match self.state.save(&saved) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.node.release(&ReleaseKey::Vgpu(vgpu), self.now());
-                let _ = self.state.remove(vgpu);
-                tracing::error!("{vgpu}: {e}");
-                Err(format!(
-                    "{e}; nothing was reserved, since a restart would have lost it"
-                ))
-            }
-        }
-    }
-
-    fn node_gpu_uuids(&self) -> BTreeMap<u32, String> {
-        self.gpus
-            .iter()
-            .map(|g| (g.gpu.index.0, g.gpu.uuid.clone()))
-            .collect()
+        self.registry.save(vgpu, self.enforcer.get(vgpu))
     }
 
     pub(super) fn reply(&self, vgpu: VgpuId) -> Reply {
-        match self.node.record(vgpu) {
+        match self.registry.node().record(vgpu) {
             Some(r) => Reply::vgpu(self.vgpu_reply(r)),
             None => Reply::Done,
         }
@@ -485,7 +359,7 @@ impl Service {
     /// The node's reply for a vGPU, with each GPU's device node and whether it is fake: what
     /// the hook needs to inject it.
     fn vgpu_reply(&self, record: &VgpuRecord) -> VgpuReply {
-        let mut reply = VgpuReply::of(&self.node, record);
+        let mut reply = VgpuReply::of(self.registry.node(), record);
         for assigned in &mut reply.gpus {
             if let Some(g) = self.gpus.iter().find(|g| g.gpu.index.0 == assigned.index) {
                 assigned.device = Some(g.device.clone());
@@ -495,65 +369,21 @@ impl Service {
         reply
     }
 
-    fn gpus_of(&self, vgpu: VgpuId) -> String {
-        self.node.record(vgpu).map_or(String::new(), |r| {
-            let gpus: Vec<String> = r.assignment.gpus.iter().map(|g| g.0.to_string()).collect();
-            gpus.join(",")
-        })
+    pub(super) fn gpus_of(&self, vgpu: VgpuId) -> String {
+        self.registry
+            .node()
+            .record(vgpu)
+            .map_or(String::new(), |r| {
+                let gpus: Vec<String> = r.assignment.gpus.iter().map(|g| g.0.to_string()).collect();
+                gpus.join(",")
+            })
     }
 
     pub(super) fn container_of(&self, vgpu: VgpuId) -> String {
-        match self.node.record(vgpu) {
+        match self.registry.node().record(vgpu) {
             Some(r) if !r.attachments.is_empty() => r.containers().collect::<Vec<_>>().join(", "),
             _ => vgpu.to_string(),
         }
-    }
-}
-
-/// What is saved of a vGPU.
-fn saved_vgpu(
-    record: &VgpuRecord,
-    uuids: &BTreeMap<u32, String>,
-    reserved_at: SystemTime,
-    held: bool,
-) -> SavedVgpu {
-    SavedVgpu {
-        format: FORMAT,
-        vgpu: record.id.to_string(),
-        handle: Some(record.handle.to_string()),
-        annotations: record.annotations.clone(),
-        gpus: record
-            .assignment
-            .gpus
-            .iter()
-            .map(|g| SavedGpu {
-                index: g.0,
-                uuid: uuids.get(&g.0).cloned().unwrap_or_default(),
-            })
-            .collect(),
-        reserved_at_unix_ms: unix_ms(reserved_at),
-        attachment: None,
-        shared: Vec::new(),
-        held,
-        claim: record.claim.clone(),
-        units: record.units.iter().map(|u| u.to_string()).collect(),
-    }
-}
-
-/// What is saved of a container attached to a vGPU, in `cgroup`.
-fn saved_attachment(a: &Attachment, cgroup: &FreezerCgroup) -> SavedAttachment {
-    SavedAttachment {
-        container: a.container.clone(),
-        pid: match a.target {
-            Target::Pid(p) => Some(p),
-            Target::Cgroup(_) => None,
-        },
-        cgroup: match &a.target {
-            Target::Cgroup(c) => Some(c.clone()),
-            Target::Pid(_) => None,
-        },
-        freezer: SavedFreezer::of(cgroup),
-        program: None,
     }
 }
 
@@ -564,13 +394,4 @@ fn new_vgpu(mut reply: Reply, handle: Handle, cdi: Option<CdiEdits>) -> Reply {
         vgpu.cdi = cdi;
     }
     reply
-}
-
-/// A new reservation's handle: 128 bits from the kernel's random source.
-pub(super) fn fresh_handle() -> Result<Handle, String> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| {
-        format!("cannot draw a reservation handle from the kernel's random source: {e}")
-    })?;
-    Ok(Handle::from_bytes(bytes))
 }

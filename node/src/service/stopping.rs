@@ -38,7 +38,7 @@ pub(super) fn stop_signal(pending: PendingSignals) -> Option<StopSignal> {
 impl Service {
     /// `stopping` on the socket: the container of `key` is being sent `signal`.
     pub(super) fn stopping(&mut self, key: &ReleaseKey, signal: StopSignal) -> Reply {
-        let vgpu = match self.node.attached(key) {
+        let vgpu = match self.registry.node().attached(key) {
             Ok(v) => v,
             Err(e) => return Reply::refused(e),
         };
@@ -49,7 +49,7 @@ impl Service {
     /// Looks for stop signals pending in the containers the service froze.
     pub(super) fn notice_stops(&mut self) {
         let mut stops = Vec::new();
-        for (&vgpu, e) in &mut self.enforced {
+        for (vgpu, e) in self.enforcer.iter_mut() {
             if e.held || e.frozen_since.is_none() {
                 continue;
             }
@@ -72,17 +72,15 @@ impl Service {
 
     /// Carries out the scheduler's answer to a stop: the thaw, if it was frozen.
     fn stop(&mut self, vgpu: VgpuId, signal: StopSignal, why: &str) {
-        let thaw = self.node.stopping(vgpu, signal, self.now());
+        let now = self.now();
+        let thaw = self.registry.node_mut().stopping(vgpu, signal, now);
         let container = self.container_of(vgpu);
         let name = match signal {
             StopSignal::Kill => "SIGKILL",
             StopSignal::Graceful => "a stop signal",
         };
         if thaw == Some(Action::Thaw(vgpu)) {
-            if let Some(e) = self.enforced.get_mut(&vgpu) {
-                let _ = e.thaw(vgpu);
-            }
-            self.record_frozen(&[]);
+            self.enforcer.thaw(vgpu);
             tracing::info!(
                 "{vgpu} ({container}): {name}, which {why}: thawed, and out of windows while it stops"
             );

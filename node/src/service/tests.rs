@@ -269,8 +269,8 @@ fn events_tell_each_change_of_a_gpus_window_holder() {
     let vgpu: VgpuId = registered.into_vgpu().unwrap().id;
     let before = crate::state::unix_ms(std::time::SystemTime::now());
     let now = f.service.now();
-    f.service.node.observe(vgpu, true, now);
-    f.service.node.decide(now);
+    f.service.registry.node_mut().observe(vgpu, true, now);
+    f.service.registry.node_mut().decide(now);
     let events = f.ask(r#"{"op":"events","since":0}"#).into_events().unwrap();
     assert_eq!(events.first, 1);
     assert_eq!(events.events.len(), 1, "{events:?}");

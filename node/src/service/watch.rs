@@ -202,7 +202,7 @@ impl Service {
     /// The capacity view now, each GPU's health looked at afresh: the answer to `watch`.
     pub(super) fn fresh_view(&mut self) -> CapacityView {
         self.watchers.health = self.gpu_health();
-        capacity_view(&self.node, &self.gpus, &self.watchers.health)
+        capacity_view(self.registry.node(), &self.gpus, &self.watchers.health)
     }
 
     /// A connection subscribed: it is sent the view at once, and each change after; when there
@@ -220,7 +220,7 @@ impl Service {
         if !std::mem::take(&mut self.watchers.stale) || !self.watchers.any() {
             return;
         }
-        let view = capacity_view(&self.node, &self.gpus, &self.watchers.health);
+        let view = capacity_view(self.registry.node(), &self.gpus, &self.watchers.health);
         self.watchers.publish(view);
     }
 
