@@ -35,7 +35,8 @@ use gpuplex_wire::attach_step::attach_hook;
 use gpuplex_wire::config::DeviceDelivery;
 use gpuplex_wire::identity::{self, Identity};
 use gpuplex_wire::protocol::{CapacityView, DeviceNode};
-use gpuplex_wire::{ClientError, NodeClient};
+use gpuplex_wire::socket::pool::POOL_SIZE;
+use gpuplex_wire::{ClientError, NodeClient, NodePool};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -88,6 +89,9 @@ pub fn next_retry(previous: Option<Duration>, longest: Duration) -> Duration {
 pub struct DevicePlugin {
     config: Arc<PluginConfig>,
     devices: watch::Sender<Listed>,
+    /// Its connections to the node service for allocations: the kubelet may allocate for
+    /// many pods at once.
+    node: Arc<NodePool>,
 }
 
 /// The units listed, and the most units one GPU offers.
@@ -102,6 +106,7 @@ impl DevicePlugin {
     /// [`DevicePlugin::keep_fresh`]) reads the node's GPUs.
     pub fn new(config: PluginConfig) -> DevicePlugin {
         DevicePlugin {
+            node: Arc::new(NodePool::new(&config.socket, POOL_SIZE)),
             config: Arc::new(config),
             devices: watch::channel(Listed::default()).0,
         }
@@ -272,12 +277,12 @@ impl DevicePlugin {
 /// released again. Blocking.
 fn allocate_one(
     config: &PluginConfig,
+    node: &NodePool,
     units: &[UnitId],
 ) -> Result<dp::ContainerAllocateResponse, String> {
     let key = allocation_key(units).ok_or("no unit was given")?;
-    let mut client = NodeClient::connect(&config.socket).map_err(|e| e.to_string())?;
-    let vgpu = client
-        .allocate(units, config.unit)
+    let vgpu = node
+        .ask(|c| c.allocate(units, config.unit))
         .map_err(|e| e.to_string())?;
     let made = (|| -> Result<dp::ContainerAllocateResponse, String> {
         let handle: Handle =
@@ -304,7 +309,7 @@ fn allocate_one(
         Ok(answer::answer(config.delivery, &key, &handle, &edits))
     })();
     if made.is_err() {
-        let _ = client.release(&ReleaseKey::Claim(key.clone()));
+        let _ = node.ask(|c| c.release(&ReleaseKey::Claim(key.clone())));
         let _ = cdi::remove(&config.cdi_dir, &key);
     }
     made.map_err(|e| format!("{RESOURCE} {key}: {e}"))
@@ -398,8 +403,8 @@ impl dp::device_plugin_server::DevicePlugin for DevicePlugin {
             return Err(Status::invalid_argument(e.to_string()));
         }
         for (ids, units) in containers {
-            let config = Arc::clone(&self.config);
-            let made = tokio::task::spawn_blocking(move || allocate_one(&config, &units))
+            let (config, node) = (Arc::clone(&self.config), Arc::clone(&self.node));
+            let made = tokio::task::spawn_blocking(move || allocate_one(&config, &node, &units))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?;
             match made {

@@ -5,12 +5,14 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_wire::attach_step::attach_hook;
 use gpuplex_wire::identity::{self, Identity};
 use gpuplex_wire::protocol::DeviceNode;
-use gpuplex_wire::{ClientError, NodeClient};
+use gpuplex_wire::socket::pool::POOL_SIZE;
+use gpuplex_wire::{ClientError, NodePool};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::cdi::{self, CdiError};
@@ -93,12 +95,20 @@ pub struct DriverConfig {
 pub struct Driver<C> {
     claims: C,
     config: DriverConfig,
+    /// Its connections to the node service: the kubelet may prepare and unprepare many claims
+    /// at once.
+    node: Arc<NodePool>,
 }
 
 impl<C: Claims> Driver<C> {
     /// A driver reading claims from `claims`.
     pub fn new(claims: C, config: DriverConfig) -> Driver<C> {
-        Driver { claims, config }
+        let node = Arc::new(NodePool::new(&config.socket, POOL_SIZE));
+        Driver {
+            claims,
+            config,
+            node,
+        }
     }
 
     /// Its configuration.
@@ -121,10 +131,10 @@ impl<C: Claims> Driver<C> {
                 why,
             })?;
         let plan = claim::plan(&found, claim, &self.config.node)?;
-        let config = self.config.clone();
+        let (config, node) = (self.config.clone(), Arc::clone(&self.node));
         let asked = claim.clone();
         let devices = plan.devices.clone();
-        tokio::task::spawn_blocking(move || pin_and_write(&config, &asked, &plan))
+        tokio::task::spawn_blocking(move || pin_and_write(&config, &node, &asked, &plan))
             .await
             .expect("the preparing thread does not panic")?;
         let ids = vec![cdi::device_id(&claim.uid)];
@@ -144,9 +154,9 @@ impl<C: Claims> Driver<C> {
             claim: claim.to_string(),
             source,
         })?;
-        let config = self.config.clone();
+        let (config, node) = (self.config.clone(), Arc::clone(&self.node));
         let asked = claim.clone();
-        tokio::task::spawn_blocking(move || release_and_remove(&config, &asked))
+        tokio::task::spawn_blocking(move || release_and_remove(&config, &node, &asked))
             .await
             .expect("the unpreparing thread does not panic")
     }
@@ -162,12 +172,12 @@ fn node_error(claim: &ClaimRef) -> impl FnOnce(ClientError) -> DriverError + '_ 
 /// Pins the claim's vGPU and writes its identity and spec; undoes the pin when either fails.
 fn pin_and_write(
     config: &DriverConfig,
+    node: &NodePool,
     claim: &ClaimRef,
     plan: &claim::ClaimPlan,
 ) -> Result<(), DriverError> {
-    let mut client = NodeClient::connect(&config.socket).map_err(node_error(claim))?;
-    let vgpu = client
-        .pin(&claim.uid, &plan.placement, &plan.annotations)
+    let vgpu = node
+        .ask(|c| c.pin(&claim.uid, &plan.placement, &plan.annotations))
         .map_err(node_error(claim))?;
     let written = (|| {
         let dir = identity::identity_dir(&config.socket);
@@ -193,15 +203,18 @@ fn pin_and_write(
         Ok(())
     })();
     if written.is_err() {
-        let _ = release_and_remove(config, claim);
+        let _ = release_and_remove(config, node, claim);
     }
     written
 }
 
-fn release_and_remove(config: &DriverConfig, claim: &ClaimRef) -> Result<(), DriverError> {
-    let mut client = NodeClient::connect(&config.socket).map_err(node_error(claim))?;
-    let released = client
-        .release(&ReleaseKey::Claim(claim.uid.clone()))
+fn release_and_remove(
+    config: &DriverConfig,
+    node: &NodePool,
+    claim: &ClaimRef,
+) -> Result<(), DriverError> {
+    let released = node
+        .ask(|c| c.release(&ReleaseKey::Claim(claim.uid.clone())))
         .map_err(node_error(claim))?;
     if let Some(released) = released {
         let _ = identity::remove(&identity::identity_dir(&config.socket), released.id);

@@ -82,6 +82,56 @@ fn specs(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The driver served on sockets under `dir` as the kubelet finds it, reading claims from
+/// `store` and writing CDI specs to `dir/cdi`.
+struct Served {
+    runtime: tokio::runtime::Runtime,
+    sockets: Sockets,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+fn serve_driver(service: &NodeService, store: &'static Store, dir: &Path) -> Served {
+    let sockets = Sockets::under(
+        &dir.join("plugins_registry"),
+        &dir.join("plugins/gpuplex.io"),
+    );
+    let driver = Driver::new(
+        store,
+        DriverConfig {
+            node: "testnode".into(),
+            socket: service.socket.clone(),
+            cdi_dir: dir.join("cdi"),
+            control_nodes: Vec::new(),
+            hook: gpuplex_integration::bin("gpuplex-hook"),
+        },
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = {
+        let sockets = sockets.clone();
+        runtime.spawn(async move {
+            kubelet::serve(driver, &sockets, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    // Up to 10 s: the plugin's start on a loaded machine.
+    for _ in 0..500 {
+        if sockets.registration.exists() && sockets.dra.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Served {
+        runtime,
+        sockets,
+        stop,
+        served,
+    }
+}
+
 #[test]
 fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
     if !can_run("the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims") {
@@ -107,39 +157,13 @@ fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cdi_dir = dir.path().join("cdi");
-    let sockets = Sockets::under(
-        &dir.path().join("plugins_registry"),
-        &dir.path().join("plugins/gpuplex.io"),
-    );
-    let driver = Driver::new(
-        store,
-        DriverConfig {
-            node: "testnode".into(),
-            socket: service.socket.clone(),
-            cdi_dir: cdi_dir.clone(),
-            control_nodes: Vec::new(),
-            hook: gpuplex_integration::bin("gpuplex-hook"),
-        },
-    );
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = {
-        let sockets = sockets.clone();
-        runtime.spawn(async move {
-            kubelet::serve(driver, &sockets, async {
-                let _ = stopped.await;
-            })
-            .await
-        })
-    };
+    let Served {
+        runtime,
+        sockets,
+        stop,
+        served,
+    } = serve_driver(&service, store, dir.path());
     runtime.block_on(async {
-        // Up to 10 s: the plugin's start on a loaded machine.
-        for _ in 0..500 {
-            if sockets.registration.exists() && sockets.dra.exists() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
         // Registration, as the kubelet's plugin watcher does it.
         let mut registration = RegistrationClient::new(channel(&sockets.registration).await);
         let info = registration
@@ -309,4 +333,109 @@ fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_claims() {
         !sockets.registration.exists() && !sockets.dra.exists(),
         "the sockets go with the driver"
     );
+}
+
+/// Issue #33: a burst of prepares and unprepares at once, each a call of its own as the kubelet
+/// makes them for many pods, is answered in full: the driver shares a few connections to the
+/// node service instead of opening one per claim past what the node socket serves one process.
+#[test]
+fn a_burst_of_500_prepares_and_then_500_unprepares_is_answered_in_full() {
+    if !can_run("a_burst_of_500_prepares_and_then_500_unprepares_is_answered_in_full") {
+        return;
+    }
+    const CLAIMS: usize = 500;
+    let service = NodeService::start(Setup {
+        gpus: 2,
+        ..Setup::default()
+    });
+    let store: &'static Store = Box::leak(Box::default());
+    let claims: Vec<(String, String, String)> = (0..CLAIMS)
+        .map(|i| {
+            claim(
+                &format!("burst-{i}"),
+                &format!("0b7d2a9e-0000-4000-8000-{i:012}"),
+            )
+        })
+        .collect();
+    for (i, (_, name, uid)) in claims.iter().enumerate() {
+        let device = format!("gpu-{}", i % 2);
+        store.0.lock().unwrap().insert(
+            ("ml".into(), name.clone()),
+            allocated(name, uid, &device, "16Mi"),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cdi_dir = dir.path().join("cdi");
+    let Served {
+        runtime,
+        sockets,
+        stop,
+        served,
+    } = serve_driver(&service, store, dir.path());
+    let errors = |answers: Vec<(String, String)>| -> Vec<String> {
+        answers
+            .into_iter()
+            .filter(|(_, error)| !error.is_empty())
+            .map(|(uid, error)| format!("{uid}: {error}"))
+            .collect()
+    };
+    runtime.block_on(async {
+        let dra = v1::dra_plugin_client::DraPluginClient::new(channel(&sockets.dra).await);
+        let calls = claims.iter().map(|c| {
+            let mut dra = dra.clone();
+            let request = v1::NodePrepareResourcesRequest {
+                claims: v1_claims(std::slice::from_ref(c)),
+            };
+            async move {
+                let answer = dra.node_prepare_resources(request).await;
+                let error = match answer {
+                    Ok(a) => a.into_inner().claims[&c.2].error.clone(),
+                    Err(status) => status.to_string(),
+                };
+                (c.2.clone(), error)
+            }
+        });
+        let failed = errors(futures_util::future::join_all(calls).await);
+        assert!(
+            failed.is_empty(),
+            "{} of {CLAIMS}: {failed:#?}",
+            failed.len()
+        );
+        assert_eq!(specs(&cdi_dir).len(), CLAIMS);
+        let status = service.status();
+        assert_eq!(
+            status["reservations"].as_array().unwrap().len(),
+            CLAIMS,
+            "{status}"
+        );
+
+        let calls = claims.iter().map(|c| {
+            let mut dra = dra.clone();
+            let request = v1::NodeUnprepareResourcesRequest {
+                claims: v1_claims(std::slice::from_ref(c)),
+            };
+            async move {
+                let answer = dra.node_unprepare_resources(request).await;
+                let error = match answer {
+                    Ok(a) => a.into_inner().claims[&c.2].error.clone(),
+                    Err(status) => status.to_string(),
+                };
+                (c.2.clone(), error)
+            }
+        });
+        let failed = errors(futures_util::future::join_all(calls).await);
+        assert!(
+            failed.is_empty(),
+            "{} of {CLAIMS}: {failed:#?}",
+            failed.len()
+        );
+        assert!(specs(&cdi_dir).is_empty(), "{:?}", specs(&cdi_dir));
+        let status = service.status();
+        assert!(
+            status["reservations"].as_array().unwrap().is_empty(),
+            "{status}"
+        );
+    });
+    let _ = stop.send(());
+    runtime.block_on(served).unwrap().unwrap();
 }

@@ -5,6 +5,12 @@
 //! the container. A bind mount holds the file's inode, so the file is rewritten in place (when
 //! the container id becomes known at `createRuntime`), never replaced by a rename.
 //!
+//! The directory is mode 0711 and each file 0644: no other user of the host can list which
+//! vGPUs and containers there are, while the file stays readable where it is bind-mounted into
+//! a container, whatever user the container runs as. Not 0700: a user-namespaced runtime may
+//! open the bind mount's source as the container's root, an unprivileged user of the host,
+//! which must be able to pass through the directory (ARCHITECTURE.md, trust boundary).
+//!
 //! A file is named only by a [`VgpuId`] the node service gave (`vgpu-<n>.json`), never by a
 //! string a container brought, and no symlink is followed: nothing here can write or remove a
 //! file outside the directory. The file of a new vGPU is created, never found: since ids never
@@ -79,12 +85,16 @@ pub fn identity_dir(socket: &Path) -> PathBuf {
         .join("identity")
 }
 
+/// The identity directory's mode: passed through by anyone, listed by root alone.
+const DIR_MODE: u32 = 0o711;
+
 /// The identity file of a vGPU.
 pub fn identity_file(dir: &Path, vgpu: VgpuId) -> PathBuf {
     dir.join(format!("{vgpu}.json"))
 }
 
-/// Creates the identity file of a vGPU just reserved, mode 0644; returns its path. Refused
+/// Creates the identity file of a vGPU just reserved, mode 0644 in a directory of mode 0711;
+/// returns its path. Refused
 /// when a file of that name exists.
 pub fn create(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
     put(dir, identity, true)
@@ -97,8 +107,12 @@ pub fn write(dir: &Path, identity: &Identity) -> std::io::Result<PathBuf> {
 
 fn put(dir: &Path, identity: &Identity, new: bool) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
     let vgpu = identity.vgpu;
     std::fs::create_dir_all(dir)?;
+    if std::fs::metadata(dir)?.permissions().mode() & 0o7777 != DIR_MODE {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))?;
+    }
     let path = identity_file(dir, vgpu);
     let mut bytes = serde_json::to_vec_pretty(identity).expect("an identity always serializes");
     bytes.push(b'\n');
@@ -207,5 +221,58 @@ mod tests {
             err.to_string().contains("a vGPU id such as `vgpu-7`"),
             "{err}"
         );
+    }
+
+    /// Issue #33: no other user of the host lists the vGPUs and containers; a container's
+    /// user, whoever it is, still reads its own file through the bind mount (here: by name).
+    #[test]
+    fn another_user_of_the_host_cannot_list_the_identities() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let identity_dir = identity_dir(&dir.path().join("gpuplex.sock"));
+        std::fs::create_dir_all(&identity_dir).unwrap();
+        std::fs::set_permissions(&identity_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = write(&identity_dir, &Identity::of(&reply(), "node-a")).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            mode(&identity_dir),
+            0o711,
+            "a directory left 0755 is made 0711"
+        );
+        assert_eq!(mode(&path), 0o644);
+        if !is_root() {
+            eprintln!(
+                "SKIPPED: listing the identities as another user needs root; CI runs it as root"
+            );
+            return;
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let as_nobody = |program: &str, arg: &Path| {
+            std::process::Command::new(program)
+                .arg(arg)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap()
+        };
+        let listed = as_nobody("ls", &identity_dir);
+        assert!(
+            !listed.status.success(),
+            "nobody listed {}",
+            identity_dir.display()
+        );
+        let read = as_nobody("cat", &path);
+        assert!(
+            read.status.success(),
+            "{}",
+            String::from_utf8_lossy(&read.stderr)
+        );
+        assert!(String::from_utf8_lossy(&read.stdout).contains("\"vgpu\": \"vgpu-3\""));
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() == 0 }
     }
 }

@@ -9,7 +9,8 @@
 //!   [`protocol::parse_request`]) and replies ([`protocol::Reply`], [`protocol::VgpuReply`]),
 //!   with the CDI edits a reservation carries ([`protocol::cdi`]);
 //! - [`socket`]: [`NodeClient`], one request line and one reply line at a time, each answer
-//!   read as the form its request is answered with;
+//!   read as the form its request is answered with; [`NodePool`], a few of them shared by the
+//!   threads of a process that asks many things at once;
 //! - [`config`]: `gpuplex.toml` ([`config::NodeConfig`]), where it is
 //!   ([`config::config_path`]), every check of every key;
 //! - [`identity`]: the vGPU identity files a container sees at `/run/gpuplex/vgpu.json`,
@@ -33,4 +34,5 @@ pub mod socket;
 pub mod stage;
 pub mod vgpu_edits;
 
+pub use socket::pool::NodePool;
 pub use socket::{ClientError, NodeClient, DEFAULT_SOCKET};

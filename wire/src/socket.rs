@@ -6,6 +6,9 @@
 //! write, so that a stuck service makes the hook or `gpuplexctl` fail with a message instead of
 //! hanging.
 //!
+//! A process that asks many things at once shares a few connections through a
+//! [`pool::NodePool`].
+//!
 //! [`NodeClient::request`] returns only replies with `"ok":true`: a refusal comes back as
 //! [`ClientError::Refused`] carrying the service's own line.
 //!
@@ -13,6 +16,8 @@
 //! view within the timeout, then each change as it comes, waited for without a timeout (there
 //! may be none for days); a service that dies closes the connection, and the wait ends with
 //! [`ClientError::Closed`].
+
+pub mod pool;
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -58,6 +63,20 @@ pub enum ClientError {
         path.display()
     )]
     Io {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The request could not be sent at all: the service had let the connection go (it closes
+    /// one idle for a minute, or one it made room with), so nothing of it was carried out and
+    /// it may be sent again on a new connection.
+    #[error(
+        "the gpuplex node service at {} had closed the connection; the request was not sent: {source}",
+        path.display()
+    )]
+    NotSent {
         /// The socket.
         path: PathBuf,
         /// Why.
@@ -144,11 +163,7 @@ impl NodeClient {
     /// Sends one request and reads its reply. A reply with `"ok":false` is
     /// [`ClientError::Refused`].
     pub fn request(&mut self, request: &Request) -> Result<Reply, ClientError> {
-        let line = request.to_line();
-        self.writer
-            .write_all(line.as_bytes())
-            .and_then(|()| self.writer.flush())
-            .map_err(|e| self.io_error(e))?;
+        self.send(request.to_line().as_bytes())?;
         let reply = self.read_line()?;
         let reply: Reply = serde_json::from_slice(&reply).map_err(|e| ClientError::Malformed {
             path: self.path.clone(),
@@ -329,6 +344,34 @@ impl NodeClient {
         self.maybe_vgpu(&request)
     }
 
+    /// Writes `line`. A first write refused because the service closed its end
+    /// ([`ClientError::NotSent`]) delivered nothing: the service reads every byte sent before it
+    /// lets a connection go, and none after.
+    fn send(&mut self, line: &[u8]) -> Result<(), ClientError> {
+        let mut sent = 0;
+        while sent < line.len() {
+            match self.writer.write(&line[sent..]) {
+                Ok(0) => return Err(self.io_error(io::ErrorKind::WriteZero.into())),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if sent == 0
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                        ) =>
+                {
+                    return Err(ClientError::NotSent {
+                        path: self.path.clone(),
+                        source: e,
+                    })
+                }
+                Err(e) => return Err(self.io_error(e)),
+            }
+        }
+        Ok(())
+    }
+
     fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {
         let mut line = Vec::new();
         let limit = MAX_REPLY as u64 + 1;
@@ -497,7 +540,13 @@ mod tests {
             Err(ClientError::Malformed { .. })
         ));
         handle.join().unwrap();
-        assert!(matches!(client.status(), Err(ClientError::Closed { .. })));
+        // The service is gone: the next request is not even sent.
+        let err = client.status().unwrap_err();
+        assert!(matches!(err, ClientError::NotSent { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("the request was not sent"),
+            "{err}"
+        );
     }
 
     #[test]
