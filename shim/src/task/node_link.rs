@@ -14,8 +14,9 @@ use gpuplex_scheduler::windows::StopSignal;
 use gpuplex_scheduler::Handle;
 use gpuplex_wire::config::{config_path, CONFIG_ENV};
 use gpuplex_wire::identity::{self, Identity};
+use gpuplex_wire::socket::pool::POOL_SIZE;
 use gpuplex_wire::stage::Stage;
-use gpuplex_wire::NodeClient;
+use gpuplex_wire::{NodeClient, NodePool};
 
 use super::vgpu::{Node, Reservation, Vgpu, VgpuError, SERVICE_START};
 
@@ -25,6 +26,9 @@ pub struct NodeLink {
     /// The hook library's context, or why gpuplex's configuration is unusable (which matters
     /// only to containers that ask for a vGPU).
     ctx: Result<HookContext, HookError>,
+    /// Connections to the node service, shared by the task service's threads: a pod's
+    /// containers may start and stop at once.
+    node: Option<NodePool>,
     config: PathBuf,
     named: bool,
 }
@@ -39,7 +43,13 @@ impl NodeLink {
         // CRI the pod's name and namespace are CRI's, not the pod's owner's.
         let ctx = HookContext::from_config(Stage::ShimCreate, named.then_some(config.as_path()))
             .map(HookContext::for_shim);
-        NodeLink { ctx, config, named }
+        let node = (ctx.as_ref().ok()).map(|ctx| NodePool::new(&ctx.socket, POOL_SIZE));
+        NodeLink {
+            ctx,
+            node,
+            config,
+            named,
+        }
     }
 
     fn ctx(&self) -> Result<&HookContext, VgpuError> {
@@ -51,20 +61,19 @@ impl NodeLink {
         })
     }
 
-    /// A client of the node service, when gpuplex's configuration is usable and the service
-    /// answers (for the best-effort calls).
-    fn client(&self) -> Option<(&HookContext, NodeClient)> {
-        let ctx = self.ctx().ok()?;
-        let client = NodeClient::connect(&ctx.socket).ok()?;
-        Some((ctx, client))
+    /// The node service's connections, when gpuplex's configuration is usable.
+    fn node(&self) -> Result<(&HookContext, &NodePool), VgpuError> {
+        let ctx = self.ctx()?;
+        let node = (self.node.as_ref()).expect("a usable configuration has its pool");
+        Ok((ctx, node))
     }
 
     /// Releases the vGPU `key` names, and removes its identity file; best effort.
     fn release_by(&self, key: &ReleaseKey) {
-        let Some((ctx, mut client)) = self.client() else {
+        let Ok((ctx, node)) = self.node() else {
             return;
         };
-        if let Some(vgpu) = client.release(key).ok().flatten().map(|v| v.id) {
+        if let Some(vgpu) = node.ask(|c| c.release(key)).ok().flatten().map(|v| v.id) {
             let _ = identity::remove(&ctx.identity_dir, vgpu);
         }
     }
@@ -141,10 +150,9 @@ impl Node for NodeLink {
     }
 
     fn attach(&self, vgpu: &Vgpu, id: &str, pid: u32) -> Result<(), VgpuError> {
-        let ctx = self.ctx()?;
-        let mut client = NodeClient::connect(&ctx.socket)?;
-        let attached = client
-            .attach_asking(&vgpu.handle, id, pid, true, &vgpu.asked)
+        let (ctx, node) = self.node()?;
+        let attached = node
+            .ask(|c| c.attach_asking(&vgpu.handle, id, pid, true, &vgpu.asked))
             .map_err(|source| VgpuError::Node {
                 action: "attach",
                 id: id.to_owned(),
@@ -156,10 +164,9 @@ impl Node for NodeLink {
     }
 
     fn hold(&self, id: &str, held: bool) -> Result<(), VgpuError> {
-        let mut client = NodeClient::connect(&self.ctx()?.socket)?;
+        let (_, node) = self.node()?;
         let key = ReleaseKey::Container(id.to_owned());
-        client
-            .hold(&key, held)
+        node.ask(|c| c.hold(&key, held))
             .map(drop)
             .map_err(|source| VgpuError::Node {
                 action: if held { "hold" } else { "let go of" },
@@ -169,11 +176,11 @@ impl Node for NodeLink {
     }
 
     fn stopping(&self, id: &str, signal: StopSignal) {
-        let Some((_, mut client)) = self.client() else {
+        let Ok((_, node)) = self.node() else {
             return;
         };
         let key = ReleaseKey::Container(id.to_owned());
-        if let Err(e) = client.stopping(&key, signal) {
+        if let Err(e) = node.ask(|c| c.stopping(&key, signal)) {
             tracing::warn!("the gpuplex node service did not hear that {id} is stopping: {e}");
         }
     }

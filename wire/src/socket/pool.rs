@@ -1,6 +1,7 @@
 //! [`NodePool`]: a few connections to the node service, kept open and shared by the threads of
 //! a process that asks many things at once (the DRA driver's prepares and unprepares, the
-//! device plugin's allocations).
+//! device plugin's allocations, the shim's attaches, holds and releases for a pod's
+//! containers).
 //!
 //! The node socket serves a peer process at most 16 connections at once, and makes room for
 //! its next by letting its oldest idle one go. A process that opened a connection per request
