@@ -372,30 +372,9 @@ fn a_burst_of_500_prepares_and_then_500_unprepares_is_answered_in_full() {
         stop,
         served,
     } = serve_driver(&service, store, dir.path());
-    let errors = |answers: Vec<(String, String)>| -> Vec<String> {
-        answers
-            .into_iter()
-            .filter(|(_, error)| !error.is_empty())
-            .map(|(uid, error)| format!("{uid}: {error}"))
-            .collect()
-    };
     runtime.block_on(async {
         let dra = v1::dra_plugin_client::DraPluginClient::new(channel(&sockets.dra).await);
-        let calls = claims.iter().map(|c| {
-            let mut dra = dra.clone();
-            let request = v1::NodePrepareResourcesRequest {
-                claims: v1_claims(std::slice::from_ref(c)),
-            };
-            async move {
-                let answer = dra.node_prepare_resources(request).await;
-                let error = match answer {
-                    Ok(a) => a.into_inner().claims[&c.2].error.clone(),
-                    Err(status) => status.to_string(),
-                };
-                (c.2.clone(), error)
-            }
-        });
-        let failed = errors(futures_util::future::join_all(calls).await);
+        let failed = each_at_once(&dra, &claims, Call::Prepare).await;
         assert!(
             failed.is_empty(),
             "{} of {CLAIMS}: {failed:#?}",
@@ -409,21 +388,7 @@ fn a_burst_of_500_prepares_and_then_500_unprepares_is_answered_in_full() {
             "{status}"
         );
 
-        let calls = claims.iter().map(|c| {
-            let mut dra = dra.clone();
-            let request = v1::NodeUnprepareResourcesRequest {
-                claims: v1_claims(std::slice::from_ref(c)),
-            };
-            async move {
-                let answer = dra.node_unprepare_resources(request).await;
-                let error = match answer {
-                    Ok(a) => a.into_inner().claims[&c.2].error.clone(),
-                    Err(status) => status.to_string(),
-                };
-                (c.2.clone(), error)
-            }
-        });
-        let failed = errors(futures_util::future::join_all(calls).await);
+        let failed = each_at_once(&dra, &claims, Call::Unprepare).await;
         assert!(
             failed.is_empty(),
             "{} of {CLAIMS}: {failed:#?}",
@@ -438,4 +403,43 @@ fn a_burst_of_500_prepares_and_then_500_unprepares_is_answered_in_full() {
     });
     let _ = stop.send(());
     runtime.block_on(served).unwrap().unwrap();
+}
+
+/// A kubelet call on one claim.
+#[derive(Clone, Copy)]
+enum Call {
+    Prepare,
+    Unprepare,
+}
+
+/// Makes `call` on each of `claims` at once, a call each, as the kubelet does for many pods;
+/// the claims whose call failed, each with its error.
+async fn each_at_once(
+    dra: &v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+    claims: &[(String, String, String)],
+    call: Call,
+) -> Vec<String> {
+    let calls = claims.iter().map(|c| {
+        let mut dra = dra.clone();
+        let one = v1_claims(std::slice::from_ref(c));
+        async move {
+            let answer = match call {
+                Call::Prepare => dra
+                    .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: one })
+                    .await
+                    .map(|a| a.into_inner().claims[&c.2].error.clone()),
+                Call::Unprepare => dra
+                    .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: one })
+                    .await
+                    .map(|a| a.into_inner().claims[&c.2].error.clone()),
+            };
+            match answer {
+                Ok(error) if error.is_empty() => None,
+                Ok(error) => Some(format!("{}: {error}", c.2)),
+                Err(status) => Some(format!("{}: {status}", c.2)),
+            }
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    answers.into_iter().flatten().collect()
 }

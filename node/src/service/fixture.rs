@@ -92,3 +92,40 @@ pub fn cgroup(dir: &Path, name: &str) -> std::io::Result<PathBuf> {
     fs::write(path.join("cgroup.procs"), "")?;
     Ok(path)
 }
+
+/// A service of fixtures over a temporary directory, for the service's unit tests; each test
+/// module adds the methods it needs.
+#[cfg(test)]
+pub(super) struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub service: Service,
+}
+
+#[cfg(test)]
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let service = self::service(dir.path()).unwrap();
+        Fixture { dir, service }
+    }
+
+    /// A container's fixture cgroup, by name.
+    pub fn cgroup(&self, name: &str) -> PathBuf {
+        self::cgroup(self.dir.path(), name).unwrap()
+    }
+
+    /// Sends `line` as a client would; the reply, checked to be one line that reads back as
+    /// itself.
+    pub fn ask(&mut self, line: &str) -> gpuplex_wire::protocol::Reply {
+        use gpuplex_wire::protocol::{parse_request, Reply};
+        let reply = self.service.handle(parse_request(line.as_bytes()).unwrap());
+        let text = reply.to_line();
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text}"
+        );
+        let back: Reply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, reply);
+        reply
+    }
+}

@@ -9,37 +9,22 @@ use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::node::VgpuRecord;
 use gpuplex_scheduler::VgpuId;
-use gpuplex_wire::protocol::{parse_request, Reply};
 
-use super::{fixture, Service};
+use super::fixture::{self, Fixture};
+use super::Service;
 use crate::state::StateDir;
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    service: Service,
-}
-
 impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let service = fixture::service(dir.path()).unwrap();
-        Fixture { dir, service }
-    }
-
     /// A container's fixture cgroup, with a process in it (this test's) so that it still runs
     /// at a restart.
-    fn cgroup(&self, name: &str) -> PathBuf {
-        let path = fixture::cgroup(self.dir.path(), name).unwrap();
+    fn running_cgroup(&self, name: &str) -> PathBuf {
+        let path = self.cgroup(name);
         fs::write(
             path.join("cgroup.procs"),
             format!("{}\n", std::process::id()),
         )
         .unwrap();
         path
-    }
-
-    fn ask(&mut self, line: &str) -> Reply {
-        self.service.handle(parse_request(line.as_bytes()).unwrap())
     }
 
     fn state(&self) -> PathBuf {
@@ -85,7 +70,7 @@ const ALLOCATE: &str = r#"{"op":"allocate","units":["gpu-0-0"],"unit":1073741824
 #[test]
 fn a_save_that_fails_is_refused_and_changes_nothing() {
     let mut f = Fixture::new();
-    let (c1, c2) = (f.cgroup("c1"), f.cgroup("c2"));
+    let (c1, c2) = (f.running_cgroup("c1"), f.running_cgroup("c2"));
     f.ask(RESERVE).into_vgpu().unwrap();
     f.ask(&register("c1", &c1)).into_vgpu().unwrap();
     let before = f.registrations();
@@ -154,7 +139,7 @@ proptest::proptest! {
         steps in proptest::collection::vec((proptest::num::u8::ANY, proptest::bool::weighted(0.2)), 1..24)
     ) {
         let mut f = Fixture::new();
-        let cgroups: Vec<PathBuf> = (0..3).map(|c| f.cgroup(&format!("c{c}"))).collect();
+        let cgroups: Vec<PathBuf> = (0..3).map(|c| f.running_cgroup(&format!("c{c}"))).collect();
         for (n, broken) in steps {
             let request = line(n, &cgroups);
             if broken {
@@ -189,7 +174,7 @@ proptest::proptest! {
 #[test]
 fn a_restart_from_the_saved_state_has_the_same_registrations() {
     let mut f = Fixture::new();
-    let (c1, c2) = (f.cgroup("c1"), f.cgroup("c2"));
+    let (c1, c2) = (f.running_cgroup("c1"), f.running_cgroup("c2"));
     f.ask(RESERVE).into_vgpu().unwrap();
     f.ask(&register("c1", &c1)).into_vgpu().unwrap();
     let pinned = f.ask(PIN).into_vgpu().unwrap();

@@ -15,44 +15,15 @@ use gpuplex_wire::protocol::{
     parse_request, AssignedGpu, CapacityView, DeviceNode, Reply, Request, OPERATIONS,
 };
 
+use super::fixture::{self, Fixture};
 use super::watch::Mailbox;
-use super::{fixture, Event, Service};
+use super::Event;
 
 /// The handle of the first reservation of a [`Fixture`]; the n-th gets `n` in each byte.
 const FIRST: &str = "01010101010101010101010101010101";
 
 /// A service on one fake GPU of 16 GiB, over a temporary directory ([`fixture::service`]).
-struct Fixture {
-    dir: tempfile::TempDir,
-    service: Service,
-}
-
 impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let service = fixture::service(dir.path()).unwrap();
-        Fixture { dir, service }
-    }
-
-    /// A container's fixture cgroup, by name.
-    fn cgroup(&self, name: &str) -> PathBuf {
-        fixture::cgroup(self.dir.path(), name).unwrap()
-    }
-
-    /// Sends `line` as a client would and returns the reply the socket would send, read back.
-    fn ask(&mut self, line: &str) -> Reply {
-        let request = parse_request(line.as_bytes()).unwrap();
-        let reply = self.service.handle(request);
-        let text = reply.to_line();
-        assert!(
-            text.ends_with('\n') && text.matches('\n').count() == 1,
-            "{text}"
-        );
-        let back: Reply = serde_json::from_str(&text).unwrap();
-        assert_eq!(back, reply);
-        reply
-    }
-
     /// Sends `line` as the socket does, through the loop's [`Service::serve_event`], so that the
     /// watchers are told of what it changed; its reply.
     fn carry(&mut self, line: &str) -> Reply {
