@@ -35,7 +35,8 @@ thawed_within() {
 	if [ -n "${3:-}" ]; then
 		wait_for 5 sh -c "journalctl -u gpuplex.service -q --no-pager --since '@${t0:0:-6}.${t0: -6}' | grep -q '$3'" ||
 			fail "$2: no line of systemd's kill ($3) in the unit's journal"
-		killed=$(journal_since | grep -m1 "$3" | sed 's/^\[ *\([0-9.]*\)\].*/\1/')
+		# Every stage reads all its input: none exits early, so none dies of SIGPIPE (pipefail).
+		killed=$(journal_since | grep "$3" | sed -n '1s/^\[ *\([0-9.]*\)\].*/\1/p')
 		took=$(awk -v from="$killed" -v to="$up" 'BEGIN { printf "%d", (to - from) * 1000 }')
 		echo "$2: all thawed, seen $took ms after systemd's kill"
 	fi

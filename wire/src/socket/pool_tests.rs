@@ -107,7 +107,7 @@ fn a_connection_the_service_let_go_is_replaced_and_the_request_sent_once() {
     release(&pool, "a").unwrap();
     // The service has closed it by now: the next request finds it closed before sending.
     assert!(
-        (0..500).any(|_| {
+        (0..5000).any(|_| {
             thread::sleep(Duration::from_millis(2));
             seen.open.load(Ordering::SeqCst) == 0
         }),
