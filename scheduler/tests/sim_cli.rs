@@ -6,12 +6,13 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const SCENARIOS: [&str; 5] = [
+const SCENARIOS: [&str; 6] = [
     "weights.toml",
     "bursty.toml",
     "priorities.toml",
     "multi-gpu.toml",
     "fleet.toml",
+    "inference-beside-training.toml",
 ];
 
 fn scenario(name: &str) -> PathBuf {
@@ -68,7 +69,7 @@ fn number(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn every_showcase_scenario_reports_the_expected_shape() {
-    const CONTAINER_KEYS: [&str; 14] = [
+    const CONTAINER_KEYS: [&str; 18] = [
         "name",
         "gpus",
         "weight",
@@ -82,6 +83,10 @@ fn every_showcase_scenario_reports_the_expected_shape() {
         "wait_p99",
         "max_wait",
         "windows",
+        "bursts",
+        "burst_wait_p50",
+        "burst_wait_p99",
+        "bursts_unwindowed",
         "rejected",
     ];
     for name in SCENARIOS {
@@ -100,15 +105,23 @@ fn every_showcase_scenario_reports_the_expected_shape() {
         // Containers and GPUs are the objects at indentation 6: each container's keys in order.
         let nested = keys_at_indent(&printed, 6);
         let first_gpu = nested.iter().position(|k| k == "index").unwrap();
-        for keys in nested[..first_gpu].split_inclusive(|k| k == "windows" || k == "rejected") {
+        for keys in
+            nested[..first_gpu].split_inclusive(|k| k == "bursts_unwindowed" || k == "rejected")
+        {
             if keys != ["rejected"] {
-                assert_eq!(keys, &CONTAINER_KEYS[..13], "{name}: container key order");
+                assert_eq!(keys, &CONTAINER_KEYS[..17], "{name}: container key order");
             }
         }
-        for keys in nested[first_gpu..].chunks(4) {
+        for keys in nested[first_gpu..].chunks(5) {
             assert_eq!(
                 keys,
-                ["index", "model", "busy_fraction", "switches"],
+                [
+                    "index",
+                    "model",
+                    "busy_fraction",
+                    "busy_while_wanted",
+                    "switches"
+                ],
                 "{name}"
             );
         }
@@ -129,7 +142,7 @@ fn every_showcase_scenario_reports_the_expected_shape() {
         assert!(!containers.is_empty());
         for c in containers {
             let mut keys: Vec<&str> = c.as_object().unwrap().keys().map(String::as_str).collect();
-            let mut expected = CONTAINER_KEYS[..13].to_vec();
+            let mut expected = CONTAINER_KEYS[..17].to_vec();
             keys.sort_unstable();
             expected.sort_unstable();
             assert_eq!(keys, expected, "{name}: {c}");

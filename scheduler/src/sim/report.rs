@@ -50,6 +50,14 @@ pub struct ContainerReport {
     pub max_wait: Option<f64>,
     /// Execution windows granted.
     pub windows: Option<u64>,
+    /// Bursts of demand (from idle to wanting the GPU) that were given a window.
+    pub bursts: Option<u64>,
+    /// Median wait of a burst from its start to its first window, seconds.
+    pub burst_wait_p50: Option<f64>,
+    /// 99th percentile of that wait, seconds.
+    pub burst_wait_p99: Option<f64>,
+    /// Bursts that ended before a window was given: short ones, run while not frozen.
+    pub bursts_unwindowed: Option<u64>,
     /// Why it could not be assigned GPUs, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected: Option<String>,
@@ -70,6 +78,9 @@ pub struct GpuReport {
     pub model: String,
     /// Ground truth: the fraction of the run during which some container used it.
     pub busy_fraction: f64,
+    /// Ground truth: the fraction of the time some container wanted it during which some
+    /// container used it (1 when none ever wanted it).
+    pub busy_while_wanted: f64,
     /// Windows that passed from one vGPU to another (the scheduler's count).
     pub switches: u64,
 }
@@ -113,6 +124,10 @@ mod tests {
                 wait_p99: None,
                 max_wait: None,
                 windows: None,
+                bursts: None,
+                burst_wait_p50: None,
+                burst_wait_p99: None,
+                bursts_unwindowed: None,
                 rejected: Some("no GPU fits".into()),
                 fair_share: Some(0.5),
             }],
@@ -120,6 +135,7 @@ mod tests {
                 index: 0,
                 model: "m".into(),
                 busy_fraction: micros(1.0 / 3.0),
+                busy_while_wanted: 0.5,
                 switches: 4,
             }],
         };
@@ -141,10 +157,15 @@ mod tests {
             "\"wait_p99\"",
             "\"max_wait\"",
             "\"windows\"",
+            "\"bursts\"",
+            "\"burst_wait_p50\"",
+            "\"burst_wait_p99\"",
+            "\"bursts_unwindowed\"",
             "\"rejected\"",
             "\"index\"",
             "\"model\"",
             "\"busy_fraction\"",
+            "\"busy_while_wanted\"",
             "\"switches\"",
         ];
         let positions: Vec<usize> = keys.iter().map(|k| json.find(k).expect(k)).collect();

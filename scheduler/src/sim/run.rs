@@ -22,7 +22,7 @@ use super::demand::{DemandCursor, SplitMix64};
 use super::report::{micros, ContainerReport, GpuReport, Report};
 use super::scenario::Scenario;
 use super::timeline::Timeline;
-use crate::accounting::VgpuStats;
+use crate::accounting::{VgpuStats, WaitHistogram};
 use crate::inventory::{Gpu, InventoryError};
 use crate::node::{Attachment, Node, ReleaseKey, Target};
 use crate::request::Priority;
@@ -87,6 +87,12 @@ struct Container {
     fair: f64,
     stats: Option<VgpuStats>,
     rejected: Option<String>,
+    /// When its current burst of demand began, until it holds its GPUs' windows.
+    burst_since: Option<Instant>,
+    /// Each burst's wait from its start to its first window.
+    burst_waits: WaitHistogram,
+    /// Bursts that ended before a window (served, if at all, while not frozen between windows).
+    bursts_unwindowed: u64,
 }
 
 /// One GPU's state and integrals (nanoseconds).
@@ -102,6 +108,8 @@ struct GpuLive {
     share: f64,
     /// ∫ dt while running > 0.
     busy: f64,
+    /// ∫ dt while some container wants it.
+    wanted: f64,
     /// ∫ of the fraction of the GPU the scheduling rules promise a container that wants it:
     /// `high` containers are never frozen and split the GPU evenly among themselves; otherwise
     /// the highest class that wants the GPU shares it by weight, and lower classes get nothing.
@@ -114,6 +122,9 @@ impl GpuLive {
         if self.running > 0 {
             self.share += dt / f64::from(self.running);
             self.busy += dt;
+        }
+        if self.wanting.iter().any(|&w| w > 0) {
+            self.wanted += dt;
         }
         match self.wanting.iter().position(|&w| w > 0) {
             Some(0) => self.fair[0] += dt / f64::from(self.wanting_high.max(1)),
@@ -194,6 +205,9 @@ impl<'a> Engine<'a> {
                 fair: 0.0,
                 stats: None,
                 rejected: None,
+                burst_since: None,
+                burst_waits: WaitHistogram::default(),
+                bursts_unwindowed: 0,
             })
             .collect();
         let demand = scenario
@@ -346,6 +360,11 @@ impl<'a> Engine<'a> {
         }
         if wants != container.wants {
             if wants {
+                container.burst_since = Some(now);
+            } else if container.burst_since.take().is_some() {
+                container.bursts_unwindowed += 1;
+            }
+            if wants {
                 container.wanting_since = now;
                 container.busy_mark = busy_sum(gpus, &container.gpus);
                 container.fair_mark =
@@ -496,7 +515,30 @@ impl<'a> Engine<'a> {
                 self.refresh(c, now);
             }
         }
+        self.windows_taken(now);
         decision.next_due
+    }
+
+    /// Ends the burst waits of the containers that hold the windows of all their GPUs now.
+    fn windows_taken(&mut self, now: Instant) {
+        let windows = self.node.windows();
+        for (_, holder) in windows.holders() {
+            let Some(&c) = holder.and_then(|id| self.containers_of.get(&id)) else {
+                continue;
+            };
+            let container = &mut self.containers[c];
+            let Some(since) = container.burst_since else {
+                continue;
+            };
+            let holds_all = container
+                .gpus
+                .iter()
+                .all(|&g| windows.gpu(GpuIndex(g as u32)).and_then(|v| v.holder) == holder);
+            if holds_all {
+                container.burst_waits.record(now - since);
+                container.burst_since = None;
+            }
+        }
     }
 
     fn report(&self) -> Report {
@@ -532,6 +574,10 @@ impl<'a> Engine<'a> {
                     wait_p99: stats.map(|s| dur(s.waits.quantile(0.99))),
                     max_wait: stats.map(|s| dur(s.waits.max())),
                     windows: stats.map(|s| s.windows),
+                    bursts: stats.map(|_| c.burst_waits.count()),
+                    burst_wait_p50: stats.map(|_| dur(c.burst_waits.quantile(0.50))),
+                    burst_wait_p99: stats.map(|_| dur(c.burst_waits.quantile(0.99))),
+                    bursts_unwindowed: stats.map(|_| c.bursts_unwindowed),
                     rejected: c.rejected.clone(),
                     fair_share: stats.and(had_demand.then(|| micros(c.fair / span))),
                 }
@@ -548,6 +594,11 @@ impl<'a> Engine<'a> {
                 index: g as u32,
                 model: spec.model.clone(),
                 busy_fraction: micros(live.busy / duration),
+                busy_while_wanted: if live.wanted > 0.0 {
+                    micros(live.busy / live.wanted)
+                } else {
+                    1.0
+                },
                 switches: self
                     .node
                     .windows()

@@ -26,6 +26,10 @@ fn container(name: &str, gpus: Vec<u32>, weight: u32, priority: &'static str) ->
         wait_p99: Some(0.25),
         max_wait: Some(0.25),
         windows: Some(2),
+        bursts: Some(1),
+        burst_wait_p50: Some(0.25),
+        burst_wait_p99: Some(0.25),
+        bursts_unwindowed: Some(0),
         rejected: None,
         fair_share: Some(0.5),
     }
@@ -70,6 +74,7 @@ fn tiny() -> (Scenario, Report, Timeline) {
             index: 0,
             model: "Fake GPU".into(),
             busy_fraction: 0.9,
+            busy_while_wanted: 0.9,
             switches: 1,
         }],
     };
