@@ -33,6 +33,16 @@ pub enum Demand {
         /// Mean length of an idle period.
         off_mean: Duration,
     },
+    /// Bursts of work, closed loop: an idle gap, then an amount of GPU work (the time it takes
+    /// running alone on its GPUs), wanted until it is done however long the scheduler makes
+    /// that, then the next gap; both exponentially distributed with these means, drawn as for
+    /// [`Demand::Exponential`]. It starts with a gap.
+    Work {
+        /// Mean amount of work in a burst.
+        work_mean: Duration,
+        /// Mean idle gap before each burst.
+        gap_mean: Duration,
+    },
 }
 
 impl fmt::Display for Demand {
@@ -51,6 +61,15 @@ impl fmt::Display for Demand {
                 "~{} on, ~{} off",
                 format_duration(on_mean),
                 format_duration(off_mean)
+            ),
+            Demand::Work {
+                work_mean,
+                gap_mean,
+            } => write!(
+                f,
+                "~{} of work every ~{}",
+                format_duration(work_mean),
+                format_duration(gap_mean)
             ),
         }
     }
@@ -99,6 +118,8 @@ pub struct DemandCursor {
     demand: Demand,
     on: bool,
     next_change: Option<Instant>,
+    /// [`Demand::Work`] in a burst: the work not done yet.
+    work_left: Duration,
     rng: SplitMix64,
 }
 
@@ -110,11 +131,13 @@ impl DemandCursor {
             Demand::Idle => (false, None),
             Demand::Periodic { on, .. } => (true, Some(start + on)),
             Demand::Exponential { on_mean, .. } => (true, Some(start + rng.exponential(on_mean))),
+            Demand::Work { gap_mean, .. } => (false, Some(start + rng.exponential(gap_mean))),
         };
         DemandCursor {
             demand,
             on,
             next_change,
+            work_left: Duration::ZERO,
             rng,
         }
     }
@@ -124,9 +147,31 @@ impl DemandCursor {
         self.on
     }
 
-    /// When the demand changes next, if it ever does.
+    /// When the demand changes next, if it ever does; for [`Demand::Work`] in a burst, `None`:
+    /// when the burst ends depends on the GPU time it gets ([`DemandCursor::work_left`]).
     pub fn next_change(&self) -> Option<Instant> {
         self.next_change
+    }
+
+    /// For [`Demand::Work`] in a burst: the work not done yet.
+    pub fn work_left(&self) -> Option<Duration> {
+        (matches!(self.demand, Demand::Work { .. }) && self.on).then_some(self.work_left)
+    }
+
+    /// For [`Demand::Work`] in a burst: `done` more of its work was done by `now`; once all of
+    /// it is, the burst ends and the next gap begins.
+    pub fn work_done(&mut self, done: Duration, now: Instant) {
+        let Demand::Work { gap_mean, .. } = self.demand else {
+            return;
+        };
+        if !self.on {
+            return;
+        }
+        self.work_left = self.work_left.saturating_sub(done);
+        if self.work_left.is_zero() {
+            self.on = false;
+            self.next_change = Some(now + self.rng.exponential(gap_mean));
+        }
     }
 
     /// Moves to `now`: applies every change due at or before it.
@@ -144,6 +189,12 @@ impl DemandCursor {
                 Demand::Exponential { on_mean, off_mean } => {
                     let mean = if self.on { on_mean } else { off_mean };
                     self.rng.exponential(mean)
+                }
+                Demand::Work { work_mean, .. } => {
+                    // A gap ended: the burst lasts until its work is done.
+                    self.work_left = self.rng.exponential(work_mean);
+                    self.next_change = None;
+                    continue;
                 }
                 Demand::Busy | Demand::Idle => unreachable!("constant demand never changes"),
             };
@@ -262,5 +313,32 @@ mod tests {
         let mut rng = SplitMix64(0);
         assert_eq!(rng.next_u64(), 0xE220_A839_7B1D_CDAF);
         assert_eq!(rng.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    #[test]
+    fn a_burst_of_work_lasts_until_its_work_is_done() {
+        let demand = Demand::Work {
+            work_mean: ms(200),
+            gap_mean: ms(1000),
+        };
+        let mut cursor = DemandCursor::new(demand, at(0), SplitMix64::for_container(3, 1));
+        assert!(!cursor.is_on(), "it starts with a gap");
+        assert_eq!(cursor.work_left(), None);
+        let gap_end = cursor.next_change().unwrap();
+        cursor.advance(gap_end);
+        assert!(cursor.is_on());
+        assert_eq!(cursor.next_change(), None, "no end until the work is done");
+        let work = cursor.work_left().unwrap();
+        assert!(!work.is_zero());
+        // Frozen for a second: nothing done, still on.
+        cursor.advance(gap_end + Duration::from_secs(1));
+        assert!(cursor.is_on());
+        cursor.work_done(work / 2, gap_end + Duration::from_secs(2));
+        assert!(cursor.is_on());
+        let end = gap_end + Duration::from_secs(3);
+        cursor.work_done(work, end);
+        assert!(!cursor.is_on());
+        assert!(cursor.next_change().unwrap() > end, "the next gap begins");
+        assert_eq!(cursor.work_left(), None);
     }
 }

@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
-use super::demand::{DemandCursor, SplitMix64};
+use super::demand::{Demand, DemandCursor, SplitMix64};
 use super::report::{micros, ContainerReport, GpuReport, Report};
 use super::scenario::Scenario;
 use super::timeline::Timeline;
@@ -163,6 +163,11 @@ struct Engine<'a> {
     stops: Vec<usize>,
     next_stop: usize,
     last_sample: Instant,
+    /// The containers whose demand is bursts of work ([`super::demand::Demand::Work`]): their
+    /// bursts end when their work is done, so their progress is counted at every event.
+    working: Vec<usize>,
+    /// Containers whose burst of work was done at the end of the last interval.
+    done: Vec<usize>,
     timeline: Option<Timeline>,
 }
 
@@ -237,6 +242,10 @@ impl<'a> Engine<'a> {
             stops,
             next_stop: 0,
             last_sample: Instant::ZERO,
+            working: (0..n)
+                .filter(|&c| matches!(scenario.containers[c].demand, Demand::Work { .. }))
+                .collect(),
+            done: Vec::new(),
             timeline,
         })
     }
@@ -248,6 +257,9 @@ impl<'a> Engine<'a> {
         let mut next_sample = Instant::ZERO + interval;
         let mut due: Option<Instant> = None;
         loop {
+            for c in std::mem::take(&mut self.done) {
+                self.refresh(c, now);
+            }
             self.demand_changes(now);
             if now == end {
                 break;
@@ -263,6 +275,7 @@ impl<'a> Engine<'a> {
                 due = self.decide(now);
             }
             let next = self.next_event(now, end, next_sample, due);
+            self.work_progress(now, next);
             let dt = (next - now).as_nanos() as f64;
             for gpu in &mut self.gpus {
                 gpu.advance(dt);
@@ -299,7 +312,46 @@ impl<'a> Engine<'a> {
         if let Some(Reverse((at, _))) = self.changes.peek() {
             next = next.min(*at);
         }
+        for &c in &self.working {
+            if let Some(pace) = self.pace(c) {
+                let left = self.demand[c].work_left().unwrap_or_default();
+                let nanos = u64::try_from(left.as_nanos() * u128::from(pace)).unwrap_or(u64::MAX);
+                next = next.min(now + Duration::from_nanos(nanos.max(1)));
+            }
+        }
         next
+    }
+
+    /// How many containers share the busiest of `c`'s GPUs while `c` works through a burst and
+    /// runs: its work is done at 1 / that rate (a multi-GPU step goes at the pace of its
+    /// slowest GPU). `None` while it does not run or has no burst.
+    fn pace(&self, c: usize) -> Option<u64> {
+        let container = &self.containers[c];
+        if !container.uses || self.demand[c].work_left().is_none() {
+            return None;
+        }
+        let most = container.gpus.iter().map(|&g| self.gpus[g].running).max();
+        Some(u64::from(most.unwrap_or(1).max(1)))
+    }
+
+    /// Counts the work done by the containers in bursts from `now` to `next`; those whose work
+    /// is done stop wanting the GPU at `next`.
+    fn work_progress(&mut self, now: Instant, next: Instant) {
+        let span = next - now;
+        for i in 0..self.working.len() {
+            let c = self.working[i];
+            let Some(pace) = self.pace(c) else {
+                continue;
+            };
+            let pace = u32::try_from(pace).unwrap_or(u32::MAX);
+            self.demand[c].work_done(span / pace, next);
+            if !self.demand[c].is_on() {
+                if let Some(at) = self.demand[c].next_change() {
+                    self.changes.push(Reverse((at, c)));
+                }
+                self.done.push(c);
+            }
+        }
     }
 
     /// Applies the demand changes due at `now`.

@@ -365,3 +365,43 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_burst_of_work_alone_takes_its_work_and_beside_a_busy_one_waits_for_windows() {
+    let work = "demand = { work_mean = \"200ms\", gap_mean = \"1s\" }";
+    let s = scenario("60s", 1, &[("bursty", SMALL, work)]);
+    let alone = run(&s).unwrap();
+    let a = by_name(&alone, "bursty");
+    let (gpu, demand) = (a.gpu_seconds.unwrap(), a.demand_seconds.unwrap());
+    assert!(gpu > 5.0, "{a:?}");
+    assert!(
+        (gpu - demand).abs() < 1e-3,
+        "alone, a burst takes its work: {a:?}"
+    );
+    assert!(
+        a.bursts_unwindowed.unwrap() + a.bursts.unwrap() > 30,
+        "{a:?}"
+    );
+
+    let s = scenario(
+        "60s",
+        1,
+        &[
+            ("bursty", SMALL, work),
+            ("trainer", SMALL, "demand = \"busy\""),
+        ],
+    );
+    let shared = run(&s).unwrap();
+    let b = by_name(&shared, "bursty");
+    // The same bursts (same seed and position), each done more slowly: it wants the GPU for
+    // longer than the work it gets done, and fewer bursts fit in the run.
+    assert!(
+        b.demand_seconds.unwrap() > 1.5 * b.gpu_seconds.unwrap(),
+        "{b:?}"
+    );
+    assert!(b.gpu_seconds.unwrap() < gpu, "{b:?} against {a:?}");
+    assert!(
+        b.bursts.unwrap() > 0 && b.burst_wait_p99.unwrap() > 0.0,
+        "{b:?}"
+    );
+}

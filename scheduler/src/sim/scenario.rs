@@ -15,6 +15,7 @@
 //! start = "0s"              # optional, default 0s
 //! stop = "60s"              # optional, default: the duration
 //! demand = "busy"           # "busy" | "idle" | { on, off } | { on_mean, off_mean }
+//!                           # | { work_mean, gap_mean }: bursts of work, closed loop
 //! ```
 //!
 //! Every key is checked; a mistake is reported as one line that names the key and says what is
@@ -135,8 +136,7 @@ struct RawContainer {
     demand: Option<Value>,
 }
 
-const DEMAND_FORMS: &str =
-    r#"write "busy", "idle", { on = "2s", off = "3s" } or { on_mean = "2s", off_mean = "3s" }"#;
+const DEMAND_FORMS: &str = r#"write "busy", "idle", { on = "2s", off = "3s" }, { on_mean = "2s", off_mean = "3s" } or { work_mean = "200ms", gap_mean = "2s" }"#;
 
 impl Scenario {
     /// Reads a scenario from TOML text; `origin` (a file name) starts every error message.
@@ -401,10 +401,9 @@ fn demand_of(value: &Value) -> Result<Demand, String> {
         Value::Table(table) => table,
         other => return Err(format!("`{other}` is not a demand: {DEMAND_FORMS}")),
     };
-    if let Some(key) = table
-        .keys()
-        .find(|k| !["on", "off", "on_mean", "off_mean"].contains(&k.as_str()))
-    {
+    if let Some(key) = table.keys().find(|k| {
+        !["on", "off", "on_mean", "off_mean", "work_mean", "gap_mean"].contains(&k.as_str())
+    }) {
         return Err(format!("unknown key `{key}` in `{value}`: {DEMAND_FORMS}"));
     }
     let get = |key: &str| -> Result<Option<Duration>, String> {
@@ -417,13 +416,22 @@ fn demand_of(value: &Value) -> Result<Demand, String> {
         }
         Ok(Some(d))
     };
-    match (get("on")?, get("off")?, get("on_mean")?, get("off_mean")?) {
-        (Some(on), Some(off), None, None) => Ok(Demand::Periodic { on, off }),
-        (None, None, Some(on_mean), Some(off_mean)) => {
+    let pairs = [
+        (get("on")?, get("off")?),
+        (get("on_mean")?, get("off_mean")?),
+        (get("work_mean")?, get("gap_mean")?),
+    ];
+    match pairs {
+        [(Some(on), Some(off)), (None, None), (None, None)] => Ok(Demand::Periodic { on, off }),
+        [(None, None), (Some(on_mean), Some(off_mean)), (None, None)] => {
             Ok(Demand::Exponential { on_mean, off_mean })
         }
+        [(None, None), (None, None), (Some(work_mean), Some(gap_mean))] => Ok(Demand::Work {
+            work_mean,
+            gap_mean,
+        }),
         _ => Err(format!(
-            "`{value}` needs both `on` and `off`, or `on_mean` and `off_mean`"
+            "`{value}` needs both `on` and `off`, `on_mean` and `off_mean`, or `work_mean` and `gap_mean`"
         )),
     }
 }

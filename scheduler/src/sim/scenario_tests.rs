@@ -193,7 +193,7 @@ fn every_mistake_is_one_line_naming_the_key() {
         (
             "demand = { on = \"2s\", off = \"3s\" }",
             "demand = { on = \"2s\" }",
-            &["container `periodic`: demand: `{ on = \"2s\" }` needs both `on` and `off`, or `on_mean` and `off_mean`"],
+            &["container `periodic`: demand: `{ on = \"2s\" }` needs both `on` and `off`, `on_mean` and `off_mean`, or `work_mean` and `gap_mean`"],
         ),
         (
             "demand = { on = \"2s\", off = \"3s\" }",
