@@ -7,6 +7,8 @@
 //!   waiting) until it runs again. When it is thawed, its grace starts over, except that a first
 //!   sample after the thaw showing no work (taken at least `idle_grace / 4` after it) ends its
 //!   work at once: whatever it waited for is gone, and the window should not idle for a grace.
+//!   So does a window holder's sample showing no work while another vGPU with work is bound
+//!   to one of its GPUs: the window passes on at once instead of idling for a grace.
 //! - **Windows.** On each GPU, among the `normal` vGPUs with work (or the `low` ones when no
 //!   `normal` one has work) at most one holds the window and runs; the others are frozen. A window
 //!   lasts `slice × weight`, and ends early when its holder has no work, is unbound, or is
@@ -305,12 +307,19 @@ impl WindowScheduler {
         if !has_work {
             // The first sample after a thaw that shows no work (taken long enough after it to
             // tell) says the vGPU stopped waiting while frozen: its work ends now, not a whole
-            // grace later, and its window passes on.
+            // grace later, and its window passes on. So does a window holder's while another
+            // vGPU with work waits on one of its GPUs: a window left idle for a grace is GPU
+            // time nobody gets.
             let grace = self.idle_grace;
+            let holds = state.window_end.is_some() && thawed_at.is_none();
             match thawed_at {
                 Some(at) if now.saturating_since(at) >= grace / 4 => state.last_work = now - grace,
                 Some(at) => state.thawed_at = Some(at),
                 None => {}
+            }
+            if holds && self.others_wait(vgpu) {
+                let state = self.vgpus.get_mut(&vgpu).expect("checked above");
+                state.last_work = state.last_work.min(now - grace);
             }
             return true;
         }
@@ -542,6 +551,14 @@ impl WindowScheduler {
     /// Each GPU's window holder, by index: what [`WindowScheduler::gpu`] tells, without the rest.
     pub fn holders(&self) -> impl Iterator<Item = (GpuIndex, Option<VgpuId>)> + '_ {
         self.gpus.iter().map(|g| (g.index, g.holder))
+    }
+
+    /// Whether another vGPU with work is bound to one of `vgpu`'s GPUs.
+    fn others_wait(&self, vgpu: VgpuId) -> bool {
+        let Some(state) = self.vgpus.get(&vgpu) else {
+            return false;
+        };
+        (state.positions.iter()).any(|&p| self.gpus[p].with_work.iter().any(|&v| v != vgpu))
     }
 
     fn position(&self, gpu: GpuIndex) -> Option<usize> {

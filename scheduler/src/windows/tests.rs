@@ -188,19 +188,31 @@ fn shares_follow_weights() {
 }
 
 #[test]
-fn a_holder_without_work_for_idle_grace_passes_the_window_early() {
+fn a_holder_whose_sample_shows_no_work_passes_the_window_at_once_while_another_waits() {
     let mut n = Node::new(1);
     n.bind(1, &[0], 10, Priority::Normal);
     n.bind(2, &[0], 1, Priority::Normal);
     n.sample(0, &[1]);
     n.sample(50, &[1, 2]);
     assert_eq!(n.frozen(), vec![2]);
-    // 1's window would last 2 s, but its last work is at 50 ms.
+    // 1's window would last 2 s, but its sample at 100 ms shows no work, and 2 waits.
     let d = n.sample(100, &[]);
-    assert_eq!(d.next_due, Some(at(150)));
-    let d = n.decide(150);
     assert_eq!(d.actions, vec![Action::Thaw(v(2))]);
     assert!(n.s.vgpu(v(1)).unwrap().window_end.is_none());
+    assert!(!n.s.vgpu(v(1)).unwrap().has_work);
+}
+
+#[test]
+fn a_holder_alone_keeps_its_work_for_idle_grace() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1]);
+    // Nobody waits: a sample without work ends nothing before the grace.
+    let d = n.sample(100, &[]);
+    assert!(d.actions.is_empty());
+    assert!(n.s.vgpu(v(1)).unwrap().has_work);
+    n.decide(150);
     assert!(!n.s.vgpu(v(1)).unwrap().has_work);
 }
 
