@@ -69,7 +69,7 @@ fn number(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn every_showcase_scenario_reports_the_expected_shape() {
-    const CONTAINER_KEYS: [&str; 18] = [
+    const CONTAINER_KEYS: [&str; 20] = [
         "name",
         "gpus",
         "weight",
@@ -86,6 +86,8 @@ fn every_showcase_scenario_reports_the_expected_shape() {
         "bursts",
         "burst_wait_p50",
         "burst_wait_p99",
+        "bursts_begun_frozen",
+        "running_burst_wait_p99",
         "bursts_unwindowed",
         "rejected",
     ];
@@ -109,7 +111,7 @@ fn every_showcase_scenario_reports_the_expected_shape() {
             nested[..first_gpu].split_inclusive(|k| k == "bursts_unwindowed" || k == "rejected")
         {
             if keys != ["rejected"] {
-                assert_eq!(keys, &CONTAINER_KEYS[..17], "{name}: container key order");
+                assert_eq!(keys, &CONTAINER_KEYS[..19], "{name}: container key order");
             }
         }
         for keys in nested[first_gpu..].chunks(5) {
@@ -142,7 +144,7 @@ fn every_showcase_scenario_reports_the_expected_shape() {
         assert!(!containers.is_empty());
         for c in containers {
             let mut keys: Vec<&str> = c.as_object().unwrap().keys().map(String::as_str).collect();
-            let mut expected = CONTAINER_KEYS[..17].to_vec();
+            let mut expected = CONTAINER_KEYS[..19].to_vec();
             keys.sort_unstable();
             expected.sort_unstable();
             assert_eq!(keys, expected, "{name}: {c}");

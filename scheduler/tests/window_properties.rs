@@ -61,6 +61,14 @@ struct Node {
     used: Vec<f64>,
     waits: Vec<Vec<u64>>,
     frozen_at: BTreeMap<u64, u64>,
+    /// The vGPUs the scheduler counted with work at the previous decision.
+    had_work: BTreeSet<u64>,
+    /// When the scheduler first counted each vGPU with work, until it holds a window.
+    arrived: BTreeMap<u64, u64>,
+    /// Each arrival's instant and wait for its window (ms), per vGPU.
+    first_waits: Vec<Vec<(u64, u64)>>,
+    /// The largest |lag| seen per vGPU, as a fraction of its bound (see `check`).
+    lag_use: Vec<f64>,
     now: u64,
 }
 
@@ -81,6 +89,10 @@ impl Node {
             used: vec![0.0; n],
             waits: vec![Vec::new(); n],
             frozen_at: BTreeMap::new(),
+            had_work: BTreeSet::new(),
+            arrived: BTreeMap::new(),
+            first_waits: vec![Vec::new(); n],
+            lag_use: vec![0.0; n],
             now: 0,
         }
     }
@@ -194,7 +206,7 @@ impl Node {
     }
 
     /// The invariants that hold after every decision.
-    fn check(&self, t: u64) {
+    fn check(&mut self, t: u64) {
         let views: BTreeMap<u64, _> = self
             .bound
             .iter()
@@ -234,11 +246,71 @@ impl Node {
                 }
             }
         }
+        for (&id, view) in &views {
+            // Lag stays within two windows' worth of every weight sharing its GPUs, per GPU.
+            let bound: f64 = (view.binding.gpus.iter())
+                .map(|g| {
+                    let weights: u32 = (views.values())
+                        .filter(|o| o.binding.gpus.contains(g))
+                        .map(|o| o.binding.weight)
+                        .sum();
+                    2.0 * SLICE_MS as f64 / 1000.0 * f64::from(weights)
+                })
+                .sum();
+            let used = view.lag_seconds.abs() / bound;
+            assert!(
+                used <= 1.0,
+                "vgpu {id} lag {} s beyond ±{bound} s at {t}",
+                view.lag_seconds
+            );
+            let i = id as usize;
+            self.lag_use[i] = self.lag_use[i].max(used);
+            // Arrivals: from the decision that first counts it with work to its window.
+            let arrives = view.has_work && self.had_work.insert(id);
+            if !view.has_work {
+                self.had_work.remove(&id);
+                self.arrived.remove(&id);
+            } else if arrives {
+                self.arrived.insert(id, t);
+            }
+            if view.window_end.is_some() {
+                if let Some(since) = self.arrived.remove(&id) {
+                    self.first_waits[i].push((since, t - since));
+                }
+            }
+        }
         let gpus: BTreeSet<GpuIndex> = views
             .values()
             .flat_map(|v| v.binding.gpus.clone())
             .collect();
         for g in gpus {
+            // Work conservation: a GPU where a single-GPU vGPU of the class it serves waits has a
+            // window holder, unless a `high` vGPU has work there.
+            let on_g = |v: &&gpuplex_scheduler::windows::VgpuView| {
+                v.binding.gpus.contains(&g) && v.has_work
+            };
+            let high = views
+                .values()
+                .filter(on_g)
+                .any(|v| v.binding.priority == Priority::High);
+            let normal = views
+                .values()
+                .filter(on_g)
+                .any(|v| v.binding.priority == Priority::Normal);
+            let serves = if normal {
+                Priority::Normal
+            } else {
+                Priority::Low
+            };
+            let single_waits = (views.values().filter(on_g))
+                .any(|v| v.binding.priority == serves && v.binding.gpus.len() == 1);
+            if single_waits && !high {
+                assert!(
+                    self.s.gpu(g).unwrap().holder.is_some(),
+                    "GPU {g} idles while a vGPU waits at {t}: {:?} {views:#?}",
+                    self.s.gpu(g)
+                );
+            }
             let running: Vec<u64> = views
                 .iter()
                 .filter(|(_, v)| {
@@ -358,6 +430,49 @@ proptest! {
             let fair = f64::from(w) / f64::from(sum_w);
             let share = n.used[i] / total;
             prop_assert!((share - fair).abs() <= 0.02 * fair, "weights {:?}: vgpu {} got {} for {}", weights, i, share, fair);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Beside always-busy `normal` vGPUs of any weights, a vGPU whose work begins (as the
+    /// scheduler sees it: a sample shows work after none) holds a window within one slice,
+    /// whatever its weight and lag; with `k` such vGPUs, within `k` slices (each one's first
+    /// window ahead of it lasts one slice at most). Lags stay within their bound throughout
+    /// (`check`), and the busy ones keep getting windows.
+    #[test]
+    fn work_that_begins_gets_a_window_within_a_slice_per_arrival_ahead(
+        steady in proptest::collection::vec(1u32..=10, 1..=4),
+        bursty in proptest::collection::vec(
+            (1u32..=10, proptest::collection::vec(60u64..1_500, 2..6)),
+            1..=3,
+        ),
+    ) {
+        let specs: Vec<Spec> = (steady.iter().map(|&weight| (weight, vec![])))
+            .chain(bursty.iter().cloned())
+            .map(|(weight, pattern)| Spec {
+                gpus: vec![0],
+                weight,
+                priority: Priority::Normal,
+                start: 0,
+                stop: u64::MAX,
+                pattern,
+            })
+            .collect();
+        let order: Vec<usize> = (0..specs.len()).collect();
+        let mut n = Node::new(1, specs);
+        n.run(60_000, &order);
+        let bound = SLICE_MS * bursty.len() as u64;
+        for i in steady.len()..n.specs.len() {
+            // The start, when every vGPU arrives at once, is left out.
+            for &(since, wait) in n.first_waits[i].iter().filter(|(since, _)| *since >= 5_000) {
+                prop_assert!(wait <= bound, "vgpu {} got work at {} ms, waited {} ms > {} ms", i, since, wait, bound);
+            }
+        }
+        for i in 0..steady.len() {
+            prop_assert!(n.waits[i].iter().any(|&w| w > 0) || n.used[i] > 0.0, "vgpu {} never ran", i);
         }
     }
 }

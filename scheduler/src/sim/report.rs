@@ -56,6 +56,12 @@ pub struct ContainerReport {
     pub burst_wait_p50: Option<f64>,
     /// 99th percentile of that wait, seconds.
     pub burst_wait_p99: Option<f64>,
+    /// Bursts that began while the container was frozen: its previous burst ended in the last
+    /// moments of a window, unseen before the window ended, and the new one waits for the
+    /// container's next turn (the scheduler cannot see work begin in a frozen container).
+    pub bursts_begun_frozen: Option<u64>,
+    /// The 99th percentile wait of the bursts that began while the container ran, seconds.
+    pub running_burst_wait_p99: Option<f64>,
     /// Bursts that ended before a window was given: short ones, run while not frozen.
     pub bursts_unwindowed: Option<u64>,
     /// Why it could not be assigned GPUs, when it could not.
@@ -127,6 +133,8 @@ mod tests {
                 bursts: None,
                 burst_wait_p50: None,
                 burst_wait_p99: None,
+                bursts_begun_frozen: None,
+                running_burst_wait_p99: None,
                 bursts_unwindowed: None,
                 rejected: Some("no GPU fits".into()),
                 fair_share: Some(0.5),

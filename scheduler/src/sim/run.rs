@@ -87,10 +87,13 @@ struct Container {
     fair: f64,
     stats: Option<VgpuStats>,
     rejected: Option<String>,
-    /// When its current burst of demand began, until it holds its GPUs' windows.
-    burst_since: Option<Instant>,
+    /// When its current burst of demand began, until it holds its GPUs' windows, and whether
+    /// it began while the container was frozen (the scheduler cannot see it begin).
+    burst_since: Option<(Instant, bool)>,
     /// Each burst's wait from its start to its first window.
     burst_waits: WaitHistogram,
+    /// The same, for the bursts that began while the container was running.
+    running_burst_waits: WaitHistogram,
     /// Bursts that ended before a window (served, if at all, while not frozen between windows).
     bursts_unwindowed: u64,
 }
@@ -212,6 +215,7 @@ impl<'a> Engine<'a> {
                 rejected: None,
                 burst_since: None,
                 burst_waits: WaitHistogram::default(),
+                running_burst_waits: WaitHistogram::default(),
                 bursts_unwindowed: 0,
             })
             .collect();
@@ -412,7 +416,7 @@ impl<'a> Engine<'a> {
         }
         if wants != container.wants {
             if wants {
-                container.burst_since = Some(now);
+                container.burst_since = Some((now, frozen));
             } else if container.burst_since.take().is_some() {
                 container.bursts_unwindowed += 1;
             }
@@ -579,7 +583,7 @@ impl<'a> Engine<'a> {
                 continue;
             };
             let container = &mut self.containers[c];
-            let Some(since) = container.burst_since else {
+            let Some((since, begun_frozen)) = container.burst_since else {
                 continue;
             };
             let holds_all = container
@@ -588,6 +592,9 @@ impl<'a> Engine<'a> {
                 .all(|&g| windows.gpu(GpuIndex(g as u32)).and_then(|v| v.holder) == holder);
             if holds_all {
                 container.burst_waits.record(now - since);
+                if !begun_frozen {
+                    container.running_burst_waits.record(now - since);
+                }
                 container.burst_since = None;
             }
         }
@@ -629,6 +636,10 @@ impl<'a> Engine<'a> {
                     bursts: stats.map(|_| c.burst_waits.count()),
                     burst_wait_p50: stats.map(|_| dur(c.burst_waits.quantile(0.50))),
                     burst_wait_p99: stats.map(|_| dur(c.burst_waits.quantile(0.99))),
+                    bursts_begun_frozen: stats
+                        .map(|_| c.burst_waits.count() - c.running_burst_waits.count()),
+                    running_burst_wait_p99: stats
+                        .map(|_| dur(c.running_burst_waits.quantile(0.99))),
                     bursts_unwindowed: stats.map(|_| c.bursts_unwindowed),
                     rejected: c.rejected.clone(),
                     fair_share: stats.and(had_demand.then(|| micros(c.fair / span))),

@@ -30,6 +30,8 @@ fn container(name: &str, gpus: Vec<u32>, weight: u32, priority: &'static str) ->
         burst_wait_p50: Some(0.25),
         burst_wait_p99: Some(0.25),
         bursts_unwindowed: Some(0),
+        bursts_begun_frozen: Some(0),
+        running_burst_wait_p99: Some(0.0),
         rejected: None,
         fair_share: Some(0.5),
     }

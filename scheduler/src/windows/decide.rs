@@ -6,6 +6,7 @@ use super::state::{end_wait, VgpuState, VirtualTime};
 use super::{Action, WindowScheduler};
 use crate::request::Priority;
 use crate::{Instant, VgpuId};
+use std::time::Duration;
 
 impl WindowScheduler {
     /// Moves the accounting clock to `now` (never backwards) and returns it: GPU time goes to
@@ -17,21 +18,6 @@ impl WindowScheduler {
         let start = self.clock;
         let grace = self.idle_grace;
         for (p, gpu) in self.gpus.iter_mut().enumerate() {
-            // The GPU's virtual clock for the class it serves moves at 1 / (sum of the weights
-            // with work): the virtual time a vGPU with work would reach if the GPU were shared
-            // continuously by weight.
-            let mut weights = [0u32; 2];
-            for v in &gpu.with_work {
-                let state = &self.vgpus[v];
-                if state.binding.priority != Priority::High {
-                    weights[state.class()] += state.binding.weight;
-                }
-            }
-            if !gpu.high_busy {
-                if let Some(class) = weights.iter().position(|&w| w > 0) {
-                    gpu.clock[class].accrue(now.saturating_since(start), weights[class]);
-                }
-            }
             let running = gpu
                 .with_work
                 .iter()
@@ -61,28 +47,86 @@ impl WindowScheduler {
         now
     }
 
-    /// A vGPU starts having work: lift it to its GPUs' virtual clocks and queue it.
-    pub(super) fn start_work(&mut self, vgpu: VgpuId) {
+    /// Σ weight and Σ weight × virtual time of the vGPUs with work of `class` (not `high`) on
+    /// the GPU at position `p`, but `except`: the weighted mean is the GPU's *average virtual
+    /// time*, against which lags are measured.
+    pub(super) fn class_sums(&self, p: usize, class: usize, except: VgpuId) -> (u128, u128) {
+        let mut sums = (0, 0);
+        for v in &self.gpus[p].with_work {
+            let s = &self.vgpus[v];
+            if *v == except || s.binding.priority == Priority::High || s.class() != class {
+                continue;
+            }
+            let weight = u128::from(s.binding.weight);
+            sums.0 += weight;
+            sums.1 += weight * s.virtual_time(p);
+        }
+        sums
+    }
+
+    /// `vgpu`'s lag on the GPU at position `p` (one of its own), in virtual time: the GPU's
+    /// average virtual time, with it counted, minus its own. Positive: it is owed GPU time;
+    /// negative: it is ahead. Zero when no other vGPU of its class has work there.
+    pub(super) fn lag(&self, vgpu: VgpuId, p: usize) -> i128 {
+        let state = &self.vgpus[&vgpu];
+        let (others, weighted) = self.class_sums(p, state.class(), vgpu);
+        if others == 0 {
+            return 0;
+        }
+        let own = state.virtual_time(p);
+        let weight = u128::from(state.binding.weight);
+        let mean = (weighted + weight * own) / (others + weight);
+        mean as i128 - own as i128
+    }
+
+    /// A vGPU starts having work: it gets back the lag it kept when its work last ended
+    /// (placed so that, counted in the GPU's average, its lag is that again), is queued, and
+    /// arrives *fresh*: it goes first among those waiting, and a window in progress on its GPUs
+    /// ends one slice from now at the latest, so that a burst waits about one slice at most.
+    pub(super) fn start_work(&mut self, vgpu: VgpuId, now: Instant) {
         let queued = self.next_queue_position();
         let state = &self.vgpus[&vgpu];
-        let class = state.class();
-        let clocks: Vec<u128> = if state.binding.priority == Priority::High {
-            Vec::new()
-        } else {
-            state
-                .positions
-                .iter()
-                .map(|&p| self.gpus[p].clock[class].time)
-                .collect()
-        };
+        let (class, weight) = (state.class(), u128::from(state.binding.weight));
+        let high = state.binding.priority == Priority::High;
+        let places: Vec<Option<u128>> = state
+            .positions
+            .iter()
+            .zip(&state.kept_lags)
+            .map(|(&p, &lag)| {
+                let (others, weighted) = self.class_sums(p, class, vgpu);
+                if high || others == 0 {
+                    return None;
+                }
+                let mean = (weighted / others) as i128;
+                let place = lag * (others + weight) as i128 / others as i128;
+                Some(mean.saturating_sub(place).max(0) as u128)
+            })
+            .collect();
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = true;
-        for (virtual_time, clock) in state.virtual_times.iter_mut().zip(clocks) {
-            virtual_time.lift_to(clock);
-        }
         state.queued = queued;
-        for &p in &state.positions {
+        for (virtual_time, place) in state.virtual_times.iter_mut().zip(places) {
+            if let Some(place) = place {
+                virtual_time.set(place);
+            }
+        }
+        let positions = state.positions.clone();
+        for &p in &positions {
             self.gpus[p].with_work.push(vgpu);
+        }
+        if high {
+            return;
+        }
+        let by = now + self.slice;
+        self.vgpus.get_mut(&vgpu).expect("caller checked").fresh = Some(by);
+        for p in positions {
+            let Some(holder) = self.gpus[p].holder else {
+                continue;
+            };
+            let holding = self.vgpus.get_mut(&holder).expect("holder is bound");
+            if holding.class() == class {
+                holding.window_end = holding.window_end.map(|end| end.min(by));
+            }
         }
     }
 
@@ -102,28 +146,21 @@ impl WindowScheduler {
         }
     }
 
-    /// A vGPU stops having work. When it was the last of its class with work on a GPU and got
-    /// ahead of the GPU's clock, the clock moves up to it: whoever gets work next starts there.
+    /// A vGPU stops having work: it keeps its lag on each of its GPUs, bounded to one slice
+    /// of virtual time either way, for its next work (time without work neither earns nor
+    /// costs), and leaves the GPUs' averages.
     pub(super) fn stop_work(&mut self, vgpu: VgpuId) {
+        let bound = VirtualTime::of(self.slice) as i128;
+        let positions = self.vgpus[&vgpu].positions.clone();
+        let lags: Vec<i128> = (positions.iter())
+            .map(|&p| self.lag(vgpu, p).clamp(-bound, bound))
+            .collect();
         let state = self.vgpus.get_mut(&vgpu).expect("caller checked");
         state.has_work = false;
-        let class = state.class();
-        let high = state.binding.priority == Priority::High;
-        let left: Vec<(usize, u128)> = state
-            .positions
-            .iter()
-            .zip(&state.virtual_times)
-            .map(|(&p, t)| (p, t.time))
-            .collect();
-        for (p, own) in left {
+        state.fresh = None;
+        state.kept_lags = lags;
+        for p in positions {
             self.gpus[p].with_work.retain(|&v| v != vgpu);
-            let alone = self.gpus[p].with_work.iter().all(|v| {
-                let s = &self.vgpus[v];
-                s.class() != class || s.binding.priority == Priority::High
-            });
-            if !high && alone {
-                self.gpus[p].clock[class].lift_to(own);
-            }
         }
     }
 
@@ -146,22 +183,39 @@ impl WindowScheduler {
         }
     }
 
-    /// Ends `holder`'s window. Its virtual time on each of its GPUs is capped at one slice past
-    /// the GPU's clock: time it ran beyond that was time nobody else could use (the others were
+    /// Ends `holder`'s window. Its lag on each of its GPUs is bounded below by one slice of
+    /// virtual time: time it ran beyond that was time nobody else could use (the others were
     /// waiting for their other GPUs, or for a `high` vGPU), and is not paid back by waiting.
     pub(super) fn end_window(&mut self, holder: VgpuId, now: Instant) {
         let queued = self.next_queue_position();
         let lead = VirtualTime::of(self.slice);
+        let state = &self.vgpus[&holder];
+        let weight = u128::from(state.binding.weight);
+        let caps: Vec<Option<u128>> = (state.positions.iter())
+            .map(|&p| {
+                let (others, weighted) = self.class_sums(p, state.class(), holder);
+                // Its lag, counted in the average, is -lead at virtual time
+                // mean of the others + lead × (others + weight) / others.
+                (state.has_work && others > 0)
+                    .then(|| weighted / others + lead * (others + weight) / others)
+            })
+            .collect();
         let state = self.vgpus.get_mut(&holder).expect("holder is bound");
         state.window_end = None;
         state.window_ended_at = Some(now);
         state.queued = queued;
-        let class = state.class();
-        for (&q, virtual_time) in state.positions.iter().zip(&mut state.virtual_times) {
+        for ((&q, virtual_time), cap) in state
+            .positions
+            .iter()
+            .zip(&mut state.virtual_times)
+            .zip(caps)
+        {
             let gpu = &mut self.gpus[q];
             gpu.holder = None;
             gpu.lent = false;
-            virtual_time.cap_at(gpu.clock[class].time + lead);
+            if let Some(cap) = cap {
+                virtual_time.cap_at(cap);
+            }
         }
     }
 
@@ -226,7 +280,7 @@ impl WindowScheduler {
             if gpu.holder.is_some() || gpu.high_busy {
                 continue;
             }
-            let reserved_for = gpu.reserved_for;
+            let mut reserved_for = gpu.reserved_for;
             if let Some(m) = reserved_for {
                 if self.vgpus[&m].positions.iter().all(|&q| self.free(q, m)) {
                     self.grant(m, now, false);
@@ -246,10 +300,13 @@ impl WindowScheduler {
                             && s.window_end.is_none()
                             && self.eligible(s)
                     })
-                    .map(|(&v, s)| (s.virtual_time(p), s.queued, v)),
+                    .map(|(&v, s)| {
+                        let (later, rank, queued) = rank(s, p);
+                        (later, rank, queued, v)
+                    }),
             );
             candidates.sort_unstable();
-            for &(_, _, v) in &candidates {
+            for &(_, _, _, v) in &candidates {
                 let positions = &self.vgpus[&v].positions;
                 if positions.len() == 1 {
                     // On a GPU kept for a multi-GPU vGPU that still waits for its other GPUs,
@@ -274,8 +331,11 @@ impl WindowScheduler {
                 }
                 if positions.iter().all(|&q| self.free(q, v)) {
                     self.grant(v, now, false);
+                    break;
                 }
-                break;
+                // It waits for its other GPUs: this one is lent meanwhile, to the next
+                // single-GPU vGPU in line.
+                reserved_for = Some(v);
             }
             self.candidates = candidates;
         }
@@ -284,7 +344,7 @@ impl WindowScheduler {
     /// Whether `vgpu` ranks first among the vGPUs waiting for a window on GPU `p`.
     pub(super) fn next_in_line(&self, vgpu: VgpuId, p: usize) -> bool {
         let own = &self.vgpus[&vgpu];
-        let key = (own.virtual_time(p), own.queued);
+        let key = rank(own, p);
         self.gpus[p].with_work.iter().all(|v| {
             let s = &self.vgpus[v];
             *v == vgpu
@@ -292,14 +352,42 @@ impl WindowScheduler {
                 || s.class() != own.class()
                 || s.window_end.is_some()
                 || !self.eligible(s)
-                || (s.virtual_time(p), s.queued) > key
+                || rank(s, p) > key
         })
     }
 
+    /// Grants `vgpu` the window on its GPUs. A window lasts `slice × weight`, and one slice at
+    /// most while a fresh vGPU waits on its GPUs; a fresh vGPU's first one is shorter by what
+    /// it is ahead (its lag below zero), down to a quarter of a slice.
     pub(super) fn grant(&mut self, vgpu: VgpuId, now: Instant, lent: bool) {
+        let shortest = (self.slice / 4).max(self.idle_grace);
+        let state = &self.vgpus[&vgpu];
+        let full = self.slice.saturating_mul(state.binding.weight);
+        let mut length = full;
+        if state.fresh.is_some() {
+            let ahead = (state.positions.iter())
+                .map(|&p| self.lag(vgpu, p))
+                .min()
+                .unwrap_or(0)
+                .min(0);
+            let ahead = VirtualTime::gpu_nanos(-ahead, state.binding.weight);
+            let ahead = Duration::from_nanos(u64::try_from(ahead).unwrap_or(u64::MAX));
+            length = full.saturating_sub(ahead).max(shortest.min(full));
+        }
+        let class = state.class();
+        let fresh_waits = (state.positions.iter()).any(|&p| {
+            self.gpus[p].with_work.iter().any(|v| {
+                let other = &self.vgpus[v];
+                *v != vgpu && other.fresh.is_some() && other.class() == class
+            })
+        });
+        if fresh_waits {
+            length = length.min(self.slice);
+        }
+        let end = now + length;
         let state = self.vgpus.get_mut(&vgpu).expect("granted vGPU is bound");
-        let length = self.slice.saturating_mul(state.binding.weight);
-        state.window_end = Some(now + length);
+        state.fresh = None;
+        state.window_end = Some(end);
         if state.window_ended_at != Some(now) {
             state.stats.windows += 1;
         }
@@ -364,5 +452,19 @@ impl WindowScheduler {
             }
         }
         due
+    }
+}
+
+/// Where a waiting vGPU stands in line on the GPU at position `p` (smaller first): the fresh
+/// ones first, by the instant they must hold the window; then the others by virtual time; ties
+/// to the one queued first.
+fn rank(state: &VgpuState, p: usize) -> (bool, u128, u64) {
+    match state.fresh {
+        Some(by) => (
+            false,
+            by.saturating_since(Instant::ZERO).as_nanos(),
+            state.queued,
+        ),
+        None => (true, state.virtual_time(p), state.queued),
     }
 }

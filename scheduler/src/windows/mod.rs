@@ -14,16 +14,26 @@
 //!   lasts `slice × weight`, and ends early when its holder has no work, is unbound, or is
 //!   preempted (a `high` vGPU gets work on one of its GPUs; for a `low` holder, a `normal` vGPU
 //!   gets work). A vGPU with work alone on all of its GPUs is always granted at once.
-//! - **Who is next.** The vGPU with the least *virtual time* on that GPU: the GPU time it
-//!   received there divided by its weight. Each GPU keeps its own clock, so a multi-GPU vGPU is
-//!   ranked on each GPU against the vGPUs there. Each GPU also keeps a *virtual clock* per class,
-//!   which moves at 1 / (sum of the weights with work): the virtual time a vGPU would have if the
-//!   GPU were shared continuously by weight. A vGPU that gets work is lifted to that clock on
-//!   each of its GPUs (never lowered), so time spent idle is not banked against the others and a
-//!   newcomer queues behind those the GPU already owes; shares of continuously busy vGPUs
-//!   converge to their weights. Ties go to the one queued first. When a window ends, its
-//!   holder's virtual time is capped at one slice past the clock: a vGPU that kept a GPU busy
-//!   while the others could not run (waiting for their other GPUs) does not pay that back later.
+//! - **Who is next.** Lag decides, in the spirit of EEVDF. A vGPU's *virtual time* on a GPU is
+//!   the GPU time it received there divided by its weight; the GPU's *average virtual time* is
+//!   the weighted mean of those of the vGPUs with work in its class there; a vGPU's *lag* is the
+//!   average minus its own: positive, it is owed GPU time; negative, it is ahead of its weighted
+//!   share. Waiting with work earns lag, holding a window spends it, and time without work
+//!   does neither: when its work ends, a vGPU keeps its lag, bounded to one slice of virtual
+//!   time either way (`slice × weight` of GPU time), and gets it back with its next work. So a
+//!   burst that ran ahead is charged at the next one, and a long idle spell earns nothing.
+//!   Each GPU is ranked on its own, so a multi-GPU vGPU is compared on each GPU with the vGPUs
+//!   there. Among those waiting, the least virtual time goes next, ties to the one queued
+//!   first. When a window ends, its holder's lag is bounded below by one slice of virtual time:
+//!   a vGPU that kept a GPU busy while the others could not run (waiting for their other GPUs)
+//!   does not pay that back later.
+//! - **Work that begins.** A vGPU whose work begins (a sample shows work after none) arrives
+//!   *fresh*: it goes first among those waiting, in order of arrival, and a window in progress
+//!   on its GPUs ends one slice from then at the latest, so that it holds a window within one
+//!   slice of being seen (one slice more per fresh vGPU ahead of it: while a fresh vGPU waits,
+//!   a window lasts one slice at most). Its first window is shorter by what it is ahead (its
+//!   lag below zero), down to `max(slice / 4, idle_grace)`, so that going first costs the
+//!   others no more than its weighted share; the rest of its work queues by lag.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
 //!   every one of them, it reserves them, so it waits at most for the longest window in progress
 //!   on its GPUs. Meanwhile a reserved GPU whose window ends is *lent* to the next single-GPU
@@ -149,6 +159,10 @@ pub struct VgpuView {
     pub window_end: Option<Instant>,
     /// Since when it has been waiting, if it is frozen.
     pub waiting_since: Option<Instant>,
+    /// Its lag, in seconds of GPU time summed over its GPUs: what it is owed (positive) or has
+    /// had ahead of its weighted share (negative) against the others with work there; while
+    /// it has no work, the lag it kept for its next work.
+    pub lag_seconds: f64,
     /// What it received and waited so far.
     pub stats: VgpuStats,
 }
@@ -182,7 +196,7 @@ pub struct WindowScheduler {
     /// Source of queue positions (ties in virtual time go to the smaller).
     queue_seq: u64,
     /// Scratch space for candidate ranking, kept to avoid allocating per decision.
-    candidates: Vec<(u128, u64, VgpuId)>,
+    candidates: Vec<(bool, u128, u64, VgpuId)>,
 }
 
 impl WindowScheduler {
@@ -208,7 +222,6 @@ impl WindowScheduler {
                     lent: false,
                     high_busy: false,
                     normal_busy: false,
-                    clock: [VirtualTime::default(); 2],
                     stats: GpuStats::default(),
                 })
                 .collect(),
@@ -251,6 +264,7 @@ impl WindowScheduler {
                 stopping: None,
                 stopped_once: false,
                 has_work: false,
+                fresh: None,
                 last_work: now,
                 window_end: None,
                 window_ended_at: None,
@@ -258,6 +272,7 @@ impl WindowScheduler {
                 thawed_at: None,
                 waiting_since: None,
                 virtual_times: vec![VirtualTime::default(); sorted.len()],
+                kept_lags: vec![0; sorted.len()],
                 stats: VgpuStats::default(),
             },
         );
@@ -325,7 +340,7 @@ impl WindowScheduler {
         }
         state.last_work = now;
         if !state.has_work {
-            self.start_work(vgpu);
+            self.start_work(vgpu, now);
         }
         true
     }
@@ -338,8 +353,8 @@ impl WindowScheduler {
     /// it holds ends and a reservation for it is dropped, so the next `decide` passes them on;
     /// it stops waiting if it was; no order names it, and [`WindowScheduler::frozen`] and
     /// `unbind` leave it to its user. Released, it rejoins as a running vGPU without work, as
-    /// its user's resume left it: its next sample showing work queues it (lifted to its GPUs'
-    /// virtual clocks, so the pause banks nothing), and the next decision freezes it unless it
+    /// its user's resume left it: its next sample showing work queues it (with the lag it kept,
+    /// so the pause banks nothing), and the next decision freezes it unless it
     /// gets the window.
     pub fn hold(&mut self, vgpu: VgpuId, held: bool, now: Instant) -> bool {
         let now = self.advance(now);
@@ -497,6 +512,7 @@ impl WindowScheduler {
             has_work: state.has_work,
             window_end: state.window_end,
             waiting_since: state.waiting_since,
+            lag_seconds: self.lag_seconds(vgpu),
             stats: state.stats.clone(),
         })
     }
@@ -551,6 +567,23 @@ impl WindowScheduler {
     /// Each GPU's window holder, by index: what [`WindowScheduler::gpu`] tells, without the rest.
     pub fn holders(&self) -> impl Iterator<Item = (GpuIndex, Option<VgpuId>)> + '_ {
         self.gpus.iter().map(|g| (g.index, g.holder))
+    }
+
+    /// [`VgpuView::lag_seconds`].
+    fn lag_seconds(&self, vgpu: VgpuId) -> f64 {
+        let state = &self.vgpus[&vgpu];
+        if state.binding.priority == Priority::High {
+            return 0.0;
+        }
+        let lags: Vec<i128> = if state.has_work {
+            state.positions.iter().map(|&p| self.lag(vgpu, p)).collect()
+        } else {
+            state.kept_lags.clone()
+        };
+        let nanos: i128 = (lags.into_iter())
+            .map(|lag| VirtualTime::gpu_nanos(lag, state.binding.weight))
+            .sum();
+        nanos as f64 / 1e9
     }
 
     /// Whether another vGPU with work is bound to one of `vgpu`'s GPUs.

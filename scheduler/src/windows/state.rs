@@ -28,9 +28,6 @@ pub(super) struct GpuState {
     pub(super) high_busy: bool,
     /// Set during `decide`: a `normal` vGPU here has work (`low` ones may not run).
     pub(super) normal_busy: bool,
-    /// For the `normal` and the `low` class: the GPU's virtual clock, which moves at
-    /// 1 / (sum of the weights with work in that class) while it serves that class.
-    pub(super) clock: [VirtualTime; 2],
     pub(super) stats: GpuStats,
 }
 
@@ -47,6 +44,9 @@ pub(super) struct VgpuState {
     /// It has had a graceful stop already (it gets one).
     pub(super) stopped_once: bool,
     pub(super) has_work: bool,
+    /// It got work and has had no window since: it goes first among those waiting, and holds the
+    /// window by this instant (one slice after its work was seen).
+    pub(super) fresh: Option<Instant>,
     pub(super) last_work: Instant,
     pub(super) window_end: Option<Instant>,
     /// When its last window ended (a window granted again at that instant is an extension).
@@ -59,6 +59,9 @@ pub(super) struct VgpuState {
     /// clock: a multi-GPU vGPU is compared on each GPU with the vGPUs there, by the time it
     /// received there.
     pub(super) virtual_times: Vec<VirtualTime>,
+    /// While it has no work: its lag on each of its GPUs when its work ended (bounded), which
+    /// it gets back with its next work. Parallel to `positions`.
+    pub(super) kept_lags: Vec<i128>,
     pub(super) stats: VgpuStats,
 }
 
@@ -88,6 +91,11 @@ impl VirtualTime {
         self.remainder = scaled % weight;
     }
 
+    /// The GPU nanoseconds a difference in virtual time stands for at `weight`.
+    pub(super) fn gpu_nanos(span: i128, weight: u32) -> i128 {
+        span * i128::from(weight) / VIRTUAL_SCALE as i128
+    }
+
     /// The virtual time a vGPU of weight 1 gains in `span`.
     pub(super) fn of(span: Duration) -> u128 {
         span.as_nanos() * VIRTUAL_SCALE
@@ -100,11 +108,9 @@ impl VirtualTime {
         }
     }
 
-    pub(super) fn lift_to(&mut self, clock: u128) {
-        if clock > self.time {
-            self.time = clock;
-            self.remainder = 0;
-        }
+    pub(super) fn set(&mut self, time: u128) {
+        self.time = time;
+        self.remainder = 0;
     }
 }
 

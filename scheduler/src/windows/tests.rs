@@ -155,15 +155,27 @@ fn a_second_vgpu_with_work_waits_for_the_window_to_end() {
 }
 
 #[test]
-fn a_window_lasts_slice_times_weight() {
+fn a_window_lasts_slice_times_weight_and_one_slice_once_a_vgpu_arrives() {
     let mut n = Node::new(1);
     n.bind(1, &[0], 3, Priority::Normal);
     n.bind(2, &[0], 1, Priority::Normal);
-    n.sample(0, &[1, 2]);
-    let holder = n.s.gpu(GpuIndex(0)).unwrap().holder.unwrap();
-    let end = n.s.vgpu(holder).unwrap().window_end.unwrap();
-    let weight = if holder == v(1) { 3 } else { 1 };
-    assert_eq!(end, at(200 * weight));
+    let end = |n: &Node, id| n.s.vgpu(v(id)).unwrap().window_end;
+    n.sample(0, &[1]);
+    assert_eq!(end(&n, 1), Some(at(600)), "alone: slice × weight");
+    // 2 gets work: 1's window ends one slice from then.
+    n.sample(50, &[1, 2]);
+    assert_eq!(n.frozen(), vec![2]);
+    assert_eq!(end(&n, 1), Some(at(250)));
+    n.run(100, 300, |_, _| true);
+    assert_eq!(n.frozen(), vec![1]);
+    assert_eq!(end(&n, 2), Some(at(450)), "2 is owed: a whole window");
+    n.run(300, 500, |_, _| true);
+    assert_eq!(n.frozen(), vec![2]);
+    assert_eq!(
+        end(&n, 1),
+        Some(at(1_050)),
+        "nobody arrived: slice × weight"
+    );
 }
 
 #[test]
@@ -224,14 +236,15 @@ fn samples_of_a_frozen_vgpu_are_ignored_and_a_thawed_one_gets_its_grace() {
     n.sample(0, &[1]);
     n.sample(50, &[1, 2]);
     assert_eq!(n.frozen(), vec![2]);
-    for t in (100..800).step_by(50) {
+    for t in (100..250).step_by(50) {
         n.sample(t, &[1]); // 2 shows nothing: it is frozen
     }
     assert_eq!(n.frozen(), vec![2], "still waiting");
-    n.decide(800);
+    // 1's window ends one slice after 2 got work.
+    n.decide(250);
     assert_eq!(n.frozen(), vec![1]);
     // No sample yet after the thaw: 2 keeps its window for idle_grace.
-    n.decide(850);
+    n.decide(300);
     assert_eq!(n.frozen(), vec![1]);
     assert!(n.s.vgpu(v(2)).unwrap().has_work);
 }
@@ -321,7 +334,40 @@ fn a_multi_gpu_vgpu_never_runs_beside_a_single_gpu_one() {
 }
 
 #[test]
-fn a_latecomer_is_lifted_to_the_floor_and_banks_no_idle_time() {
+fn a_burst_that_ran_ahead_keeps_its_lag_and_gets_a_shorter_first_window_next_time() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    let lag = |n: &Node, id| n.s.vgpu(v(id)).unwrap().lag_seconds;
+    // The first window that holds 2 after its work begins at `from`, and when it was granted.
+    let first_window = |n: &mut Node, from: u64| {
+        for t in (from..from + 400).step_by(50) {
+            n.run(t, t + 50, |id, t| id == 1 || t < from + 150);
+            if let Some(end) = n.s.vgpu(v(2)).unwrap().window_end {
+                return (t, end.as_nanos() / 1_000_000 - t);
+            }
+        }
+        panic!("no window for 2 within 400 ms of {from}");
+    };
+    n.run(0, 2_000, |id, _| id == 1);
+    // 2 works 150 ms from 2 s: it holds a window at once (1's ends then), a whole one: it is
+    // owed nothing and ahead by nothing.
+    assert_eq!(first_window(&mut n, 2_000), (2_000, 200));
+    n.run(2_400, 2_600, |id, _| id == 1);
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+    // It ran ahead of its half, and keeps that; ten idle seconds change nothing.
+    let kept = lag(&n, 2);
+    assert!((-0.2..-0.02).contains(&kept), "kept lag {kept}");
+    n.run(2_600, 12_600, |id, _| id == 1);
+    assert_eq!(lag(&n, 2), kept);
+    // Its next work: it still holds a window within one slice, a shorter one.
+    let (granted, length) = first_window(&mut n, 12_600);
+    assert!(granted <= 12_800, "granted at {granted}");
+    assert!((100..200).contains(&length), "first window {length} ms");
+}
+
+#[test]
+fn a_latecomer_queues_at_the_average_and_banks_no_idle_time() {
     let mut n = Node::new(1);
     n.bind(1, &[0], 1, Priority::Normal);
     n.bind(2, &[0], 1, Priority::Normal);
@@ -453,9 +499,10 @@ fn accounting_counts_windows_switches_and_waits() {
 
 #[test]
 fn windows_rotate_in_queue_order_when_virtual_times_tie() {
-    // Weights 1, 2, 3: after one window each, all three have the same virtual time, which must
-    // add up exactly (600 ms accrued in 50 ms steps at weight 3 equals 200 ms at weight 1), so
-    // the lightest, queued first, goes next and the heaviest does not get two windows in a row.
+    // Weights 1, 2, 3, all arriving at 50 ms: the first two windows last one slice (another
+    // arrival waits), the third 600 ms. Then 2 (100 ms of virtual time) goes, and 1 and 3 tie
+    // at 200 ms, which must add up exactly (600 ms accrued in 50 ms steps at weight 3 equals
+    // 200 ms at weight 1): 1, queued first, goes before 3; and so on, each in turn.
     let mut n = Node::new(1);
     for (id, w) in [(1, 1), (2, 2), (3, 3)] {
         n.bind(id, &[0], w, Priority::Normal);
@@ -476,20 +523,22 @@ fn windows_rotate_in_queue_order_when_virtual_times_tie() {
     let expected = [
         (1, 50),
         (2, 250),
-        (3, 650),
-        (1, 1_250),
-        (2, 1_450),
-        (3, 1_850),
-        (1, 2_450),
+        (3, 450),
+        (2, 1_050),
+        (1, 1_450),
+        (3, 1_650),
+        (2, 2_250),
+        (1, 2_650),
+        (3, 2_850),
     ];
-    assert_eq!(&holders[..expected.len()], &expected);
+    assert_eq!(&holders[..expected.len()], &expected, "{holders:?}");
 }
 
 #[test]
-fn a_multi_gpu_vgpu_is_compared_on_each_gpu_by_that_gpu_clock() {
-    // GPU 0 has had one busy vGPU for 30 s, GPU 1 two: their virtual clocks stand at 30 s and
-    // 15 s. A 2-GPU vGPU arriving then must rank by each GPU's own clock; lifted to the higher
-    // one everywhere, it would wait ~30 s on GPU 1 for the others to catch up.
+fn a_multi_gpu_vgpu_is_compared_on_each_gpu_by_that_gpu_average() {
+    // GPU 0 has had one busy vGPU for 30 s, GPU 1 two: their average virtual times stand at
+    // 30 s and 15 s. A 2-GPU vGPU arriving then must rank by each GPU's own average; placed at
+    // the higher one everywhere, it would wait ~30 s on GPU 1 for the others to catch up.
     let mut n = Node::new(2);
     n.bind(1, &[0], 1, Priority::Normal);
     n.bind(2, &[1], 1, Priority::Normal);
