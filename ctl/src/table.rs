@@ -3,8 +3,8 @@
 //! ```text
 //! node gpu-7  activity cpu  (fake GPUs)
 //! GPU 0  Fake A100  GPU-0  28GiB/40GiB  holder: job-a  busy 12.5s  switches 4
-//!   * job-a  vgpu-1  w=1 normal  running                 gpu 10.0s  wait 2.0s  frozen 1.5s  windows 3
-//!     job-b  vgpu-2  w=2 high    frozen (waiting 0.4s)   gpu 4.0s   wait 6.0s  frozen 5.0s  windows 2
+//!   * job-a  vgpu-1  w=1 normal  running                 gpu 10.0s  wait 2.0s  frozen 1.5s  windows 3  lag -0.120s
+//!     job-b  vgpu-2  w=2 high    frozen (waiting 0.4s)   gpu 4.0s   wait 6.0s  frozen 5.0s  windows 2  lag +0.000s
 //!     reserved  vgpu-3  w=1 normal  4GiB  expires in 25.0s
 //! ```
 
@@ -145,6 +145,7 @@ fn container_row(id: &str, holder: bool, found: Option<&ContainerStatus>) -> Vec
         format!("wait {}", seconds(c.wait_seconds)),
         format!("frozen {}", seconds(c.frozen_seconds)),
         format!("windows {}", c.windows),
+        format!("lag {:+.3}s", c.lag_seconds),
     ]);
     row
 }
@@ -249,6 +250,7 @@ mod tests {
             waiting_seconds: 0.0,
             frozen_seconds: 0.0,
             windows: 0,
+            lag_seconds: 0.0,
             wait_p50_seconds: 0.0,
             wait_p99_seconds: 0.0,
             pod: None,
@@ -325,11 +327,11 @@ mod tests {
 node gpu-7  activity cpu  (fake GPUs)
 CDI: nvidia.com/gpu from /etc/cdi/nvidia.yaml
 GPU 0  Fake A100  GPU-0  28GiB/40GiB  holder: job-a  busy 12.5s  switches 4
-  * job-a  vgpu-1  w=1 normal  running                gpu 10.0s  wait 2.0s  frozen 1.5s  windows 3
-    job-b  vgpu-2  w=2 high    frozen (waiting 0.4s)  gpu 4.0s   wait 6.0s  frozen 5.0s  windows 2
+  * job-a  vgpu-1  w=1 normal  running                gpu 10.0s  wait 2.0s  frozen 1.5s  windows 3  lag +0.000s
+    job-b  vgpu-2  w=2 high    frozen (waiting 0.4s)  gpu 4.0s   wait 6.0s  frozen 5.0s  windows 2  lag +0.000s
   reserved  vgpu-3  w=1 low  4GiB  expires in 25.0s
 GPU 1  Fake A100  GPU-1  0B/40GiB     holder: -      busy 0.0s   switches 0
-    job-c  vgpu-4  w=1 normal  idle                   gpu 0.0s   wait 0.0s  frozen 0.0s  windows 0
+    job-c  vgpu-4  w=1 normal  idle                   gpu 0.0s   wait 0.0s  frozen 0.0s  windows 0  lag +0.000s
 ";
         assert_eq!(render_status(&status), expected);
     }

@@ -155,6 +155,7 @@ fn container(id: &str, vgpu: &str, state: ContainerState) -> ContainerStatus {
         },
         frozen_seconds: 1.5,
         windows: 3,
+        lag_seconds: 0.125,
         wait_p50_seconds: 0.25,
         wait_p99_seconds: 0.75,
         pod: Some("trainer".into()),

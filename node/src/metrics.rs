@@ -190,7 +190,7 @@ const GPU_METRICS: [GpuMetric; 6] = [
 ];
 
 #[rustfmt::skip]
-const CONTAINER_METRICS: [ContainerMetric; 10] = [
+const CONTAINER_METRICS: [ContainerMetric; 11] = [
     ("gpuplex_container_gpu_seconds", Counter,
         "Seconds the container ran on the GPU with its window.",
         |c, _| Quantity(c.gpu_seconds / c.gpus.len().max(1) as f64)),
@@ -201,6 +201,10 @@ const CONTAINER_METRICS: [ContainerMetric; 10] = [
         "Seconds the container's cgroup was frozen.", |c, _| Quantity(c.frozen_seconds)),
     ("gpuplex_container_windows", Counter,
         "Windows the container received.", |c, _| Count(c.windows)),
+    ("gpuplex_container_lag_seconds", Gauge,
+        "Seconds of GPU time the container is owed (positive) or has had ahead of its weighted \
+         share (negative) on the GPU; while idle, what it keeps for its next work.",
+        |c, _| Quantity(c.lag_seconds / c.gpus.len().max(1) as f64)),
     ("gpuplex_container_frozen", Gauge,
         "1 while the container is frozen, waiting for a window.",
         |c, _| Count(u64::from(c.state == ContainerState::Frozen))),
@@ -465,6 +469,7 @@ mod tests {
                 waiting_seconds: 0.5,
                 frozen_seconds: 1.25,
                 windows: 4,
+                lag_seconds: -0.5,
                 wait_p50_seconds: 0.25,
                 wait_p99_seconds: 0.75,
                 pod: Some("web\nx".into()),
@@ -486,7 +491,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
-        assert_eq!(names.len(), 16);
+        assert_eq!(names.len(), 17);
         for line in names {
             let name = line.split(' ').next().unwrap();
             let help = format!("# HELP {name} ");
@@ -514,6 +519,7 @@ mod tests {
             format!("gpuplex_container_wait_seconds_total{{{G1},{C}}} 1.5"),
             format!("gpuplex_container_frozen_seconds_total{{{G0},{C}}} 1.25"),
             format!("gpuplex_container_windows_total{{{G1},{C}}} 4"),
+            format!("gpuplex_container_lag_seconds{{{G0},{C}}} -0.25"),
             format!("gpuplex_container_frozen{{{G0},{C}}} 1"),
             format!("gpuplex_container_holding{{{G0},{C}}} 1"),
             format!("gpuplex_container_holding{{{G1},{C}}} 0"),
@@ -530,7 +536,7 @@ mod tests {
         }
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            6 * 2 + 10 * 2
+            6 * 2 + 11 * 2
         );
     }
 
@@ -679,7 +685,7 @@ mod tests {
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.split(['{', ' ']).next())
             .collect();
-        assert_eq!(exported.len(), 16, "{exported:?}");
+        assert_eq!(exported.len(), 17, "{exported:?}");
         let used = check_dashboard(DASHBOARD, &exported).unwrap();
         for name in [
             "gpuplex_gpu_busy_seconds_total",
@@ -729,7 +735,7 @@ mod tests {
         );
         assert_eq!(
             text.lines().filter(|l| !l.starts_with('#')).count(),
-            6 * 2 + 10 * 2
+            6 * 2 + 11 * 2
         );
         assert!(
             text.contains(r#"container="a\\\"b",pod="x\"} 1\ngpuplex_forged 1\n""#),

@@ -126,6 +126,11 @@ pub struct ContainerStatus {
     pub frozen_seconds: f64,
     /// Windows received.
     pub windows: u64,
+    /// Its lag in seconds of GPU time, summed over its GPUs: what it is owed (positive) or has
+    /// had ahead of its weighted share (negative) against the others with work there; while
+    /// idle, what it keeps for its next work. Absent from older services' status: 0.
+    #[serde(default)]
+    pub lag_seconds: f64,
     /// The median of its completed waits for a window, in seconds (within about 3%; 0 before
     /// one has ended). Kept since the node service started. Absent from older services'
     /// status: 0.
@@ -237,6 +242,7 @@ impl Node {
                 _ => ContainerState::Idle,
             };
             let stats = view.as_ref().map(|v| v.stats.clone()).unwrap_or_default();
+            let lag_seconds = view.as_ref().map_or(0.0, |v| v.lag_seconds);
             let waiting = view
                 .as_ref()
                 .and_then(|v| v.waiting_since)
@@ -257,6 +263,7 @@ impl Node {
                 waiting_seconds: waiting.as_secs_f64(),
                 frozen_seconds: 0.0,
                 windows: stats.windows,
+                lag_seconds,
                 wait_p50_seconds: p50,
                 wait_p99_seconds: p99,
                 pod: first_annotation(r, &POD_NAME_KEYS),
