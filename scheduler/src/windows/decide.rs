@@ -356,9 +356,10 @@ impl WindowScheduler {
         })
     }
 
-    /// Grants `vgpu` the window on its GPUs. A window lasts `slice × weight`, and one slice at
-    /// most while a fresh vGPU waits on its GPUs; a fresh vGPU's first one is shorter by what
-    /// it is ahead (its lag below zero), down to a quarter of a slice.
+    /// Grants `vgpu` the window on its GPUs. A window lasts `slice × weight`; while fresh vGPUs
+    /// wait on its GPUs, one slice at most, and it ends by the first one's deadline (lasting
+    /// `max(slice / 4, idle_grace)` at least). A fresh vGPU's first one is shorter by what it is
+    /// ahead (its lag below zero), down to that same shortest length.
     pub(super) fn grant(&mut self, vgpu: VgpuId, now: Instant, lent: bool) {
         let shortest = (self.slice / 4).max(self.idle_grace);
         let state = &self.vgpus[&vgpu];
@@ -374,15 +375,18 @@ impl WindowScheduler {
             let ahead = Duration::from_nanos(u64::try_from(ahead).unwrap_or(u64::MAX));
             length = full.saturating_sub(ahead).max(shortest.min(full));
         }
+        // While fresh vGPUs wait on its GPUs, the window ends by the first one's deadline
+        // (but lasts `shortest` at least, so that a window is never too short to be worth the
+        // switch), and one slice at most.
         let class = state.class();
-        let fresh_waits = (state.positions.iter()).any(|&p| {
-            self.gpus[p].with_work.iter().any(|v| {
-                let other = &self.vgpus[v];
-                *v != vgpu && other.fresh.is_some() && other.class() == class
-            })
-        });
-        if fresh_waits {
-            length = length.min(self.slice);
+        let first_deadline = (state.positions.iter())
+            .flat_map(|&p| self.gpus[p].with_work.iter())
+            .filter(|&&v| v != vgpu && self.vgpus[&v].class() == class)
+            .filter_map(|v| self.vgpus[v].fresh)
+            .min();
+        if let Some(by) = first_deadline {
+            let until = by.saturating_since(now).max(shortest);
+            length = length.min(self.slice).min(until);
         }
         let end = now + length;
         let state = self.vgpus.get_mut(&vgpu).expect("granted vGPU is bound");

@@ -28,12 +28,14 @@
 //!   a vGPU that kept a GPU busy while the others could not run (waiting for their other GPUs)
 //!   does not pay that back later.
 //! - **Work that begins.** A vGPU whose work begins (a sample shows work after none) arrives
-//!   *fresh*: it goes first among those waiting, in order of arrival, and a window in progress
-//!   on its GPUs ends one slice from then at the latest, so that it holds a window within one
-//!   slice of being seen (one slice more per fresh vGPU ahead of it: while a fresh vGPU waits,
-//!   a window lasts one slice at most). Its first window is shorter by what it is ahead (its
-//!   lag below zero), down to `max(slice / 4, idle_grace)`, so that going first costs the
-//!   others no more than its weighted share; the rest of its work queues by lag.
+//!   *fresh*: it goes first among those waiting, in order of arrival, and must hold a window
+//!   one slice after it was seen (its *deadline*). A window in progress on its GPUs ends by
+//!   then; a window granted while fresh vGPUs wait ends by the first one's deadline, and lasts
+//!   one slice at most and the *shortest window*, `max(slice / 4, idle_grace)`, at least. So it
+//!   holds a window within one slice of being seen, plus a shortest window per fresh vGPU
+//!   ahead of it whose deadline had come. Its first window is shorter by what it is ahead (its
+//!   lag below zero), down to the shortest window, so that going first costs the others no
+//!   more than its weighted share; the rest of its work queues by lag.
 //! - **Several GPUs.** A multi-GPU vGPU runs only holding all its GPUs. When it is next in line on
 //!   every one of them, it reserves them, so it waits at most for the longest window in progress
 //!   on its GPUs. Meanwhile a reserved GPU whose window ends is *lent* to the next single-GPU

@@ -499,8 +499,9 @@ fn accounting_counts_windows_switches_and_waits() {
 
 #[test]
 fn windows_rotate_in_queue_order_when_virtual_times_tie() {
-    // Weights 1, 2, 3, all arriving at 50 ms: the first two windows last one slice (another
-    // arrival waits), the third 600 ms. Then 2 (100 ms of virtual time) goes, and 1 and 3 tie
+    // Weights 1, 2, 3, all arriving at 50 ms, so all due to hold a window by 250 ms: 1's
+    // window lasts one slice, to 250 ms; 2's the shortest window (100 ms: 3's deadline has
+    // come), 3's its full 600 ms. Then 2 (50 ms of virtual time) goes, and 1 and 3 tie
     // at 200 ms, which must add up exactly (600 ms accrued in 50 ms steps at weight 3 equals
     // 200 ms at weight 1): 1, queued first, goes before 3; and so on, each in turn.
     let mut n = Node::new(1);
@@ -523,13 +524,13 @@ fn windows_rotate_in_queue_order_when_virtual_times_tie() {
     let expected = [
         (1, 50),
         (2, 250),
-        (3, 450),
-        (2, 1_050),
-        (1, 1_450),
-        (3, 1_650),
-        (2, 2_250),
-        (1, 2_650),
-        (3, 2_850),
+        (3, 350),
+        (2, 950),
+        (1, 1_350),
+        (3, 1_550),
+        (2, 2_150),
+        (1, 2_550),
+        (3, 2_750),
     ];
     assert_eq!(&holders[..expected.len()], &expected, "{holders:?}");
 }
