@@ -65,9 +65,21 @@ pub enum Command {
     Timeline {
         /// How far back.
         since: Duration,
-        /// `-o svg`: an SVG image rather than text.
-        svg: bool,
+        /// How it is drawn.
+        drawing: Drawing,
     },
+}
+
+/// How `timeline` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drawing {
+    /// Rows of text (`-o text`, the default).
+    Text,
+    /// An SVG image (`-o svg`).
+    Svg,
+    /// The window events themselves, as the node service sent them (`-o json`): those of the
+    /// interval, and before them each GPU's last one (who held it when the interval began).
+    Json,
 }
 
 /// How `status` prints.
@@ -335,14 +347,15 @@ impl Raw {
                         }
                     },
                 };
-                let svg = match self.output.as_deref() {
-                    None | Some("text") => false,
-                    Some("svg") => true,
+                let drawing = match self.output.as_deref() {
+                    None | Some("text") => Drawing::Text,
+                    Some("svg") => Drawing::Svg,
+                    Some("json") => Drawing::Json,
                     Some(other) => {
-                        return Err(usage(format!("-o `{other}`: expected text or svg")))
+                        return Err(usage(format!("-o `{other}`: expected text, svg or json")))
                     }
                 };
-                Ok(Command::Timeline { since, svg })
+                Ok(Command::Timeline { since, drawing })
             }
             "install" | "uninstall" => self.into_install(name == "uninstall"),
             _ => {

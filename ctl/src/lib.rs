@@ -31,7 +31,7 @@ use std::process::ExitCode;
 
 pub use table::render_status;
 
-use args::{Cli, Command, Format};
+use args::{Cli, Command, Drawing, Format};
 use gpuplex_scheduler::node::ReleaseKey;
 use gpuplex_scheduler::VgpuId;
 use gpuplex_wire::config::{config_path, NodeConfig, CONFIG_ENV};
@@ -130,7 +130,7 @@ pub fn run(
             write_out(out, &pretty(&vgpu)).map(drop)
         }
         Command::Install(request) => install::run(request, out),
-        Command::Timeline { since, svg } => {
+        Command::Timeline { since, drawing } => {
             let events = NodeClient::connect(&socket()?)?.events(0)?;
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -140,10 +140,10 @@ pub fn run(
             let dropped = events.first > 1
                 && events.events.first().is_none_or(|e| e.at_ms > from_ms);
             let held = timeline::spans(&events, from_ms, now_ms);
-            let drawn = if *svg {
-                timeline::svg(&held, now_ms, *since)
-            } else {
-                timeline::render(&held, now_ms, *since, dropped)
+            let drawn = match drawing {
+                Drawing::Svg => timeline::svg(&held, now_ms, *since),
+                Drawing::Text => timeline::render(&held, now_ms, *since, dropped),
+                Drawing::Json => pretty(&timeline::since(events, from_ms)),
             };
             write_out(out, &drawn).map(drop)
         }

@@ -27,6 +27,22 @@ pub struct Held {
     pub to_ms: u64,
 }
 
+/// The events of `reply` from `from_ms` on, and before them each GPU's last one: who held it at
+/// `from_ms`. Oldest first; `first` as the node service sent it.
+pub fn since(reply: EventsReply, from_ms: u64) -> EventsReply {
+    let mut events = reply.events;
+    events.sort_by_key(|e| e.seq);
+    let mut last_before: BTreeMap<u32, u64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.at_ms < from_ms) {
+        last_before.insert(e.gpu, e.seq);
+    }
+    events.retain(|e| e.at_ms >= from_ms || last_before.get(&e.gpu) == Some(&e.seq));
+    EventsReply {
+        first: reply.first,
+        events,
+    }
+}
+
 /// The spans the events make over `[from_ms, to_ms]`: each event's holder holds its GPU until
 /// the next event of that GPU, or `to_ms`. A holder before `from_ms` is cut at `from_ms`.
 pub fn spans(reply: &EventsReply, from_ms: u64, to_ms: u64) -> Vec<Held> {
@@ -199,6 +215,33 @@ mod tests {
             vgpu: container.map(|_| gpuplex_scheduler::VgpuId(seq)),
             container: container.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn since_keeps_the_interval_and_each_gpus_holder_at_its_start() {
+        let reply = EventsReply {
+            first: 3,
+            events: vec![
+                event(4, 900, 0, Some("b")),
+                event(3, 500, 0, Some("a")),
+                event(5, 950, 1, Some("c")),
+                event(6, 1_000, 0, None),
+                event(7, 1_500, 0, Some("a")),
+            ],
+        };
+        let kept = since(reply, 1_000);
+        let seqs: Vec<u64> = kept.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [4, 5, 6, 7]);
+        assert_eq!(kept.first, 3);
+        assert!(since(
+            EventsReply {
+                first: 1,
+                events: vec![]
+            },
+            0
+        )
+        .events
+        .is_empty());
     }
 
     #[test]

@@ -450,9 +450,19 @@ fn timeline_draws_the_services_window_events() {
         "{image}"
     );
     assert_eq!(image.matches("<rect ").count(), 2, "{image}");
+    let fake = Fake::start(vec![reply.to_line()]);
+    let output = fake.run(&["timeline", "--since", "15s", "-o", "json"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let events: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    // job-a held GPU 0 when the 15 s began; job-b took it within them.
+    let holders: Vec<&str> = (events["events"].as_array().unwrap().iter())
+        .map(|e| e["container"].as_str().unwrap())
+        .collect();
+    assert_eq!(holders, ["job-a", "job-b"], "{events}");
+    assert_eq!(events["events"][1]["at_ms"], json!(now_ms - 10_000));
     let bad = gpuplexctl(&["timeline", "-o", "png"], &[]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(one_line_stderr(&bad).contains("expected text or svg"));
+    assert!(one_line_stderr(&bad).contains("expected text, svg or json"));
     let bad = gpuplexctl(&["timeline", "--since", "2h"], &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(one_line_stderr(&bad).contains("--since `2h`"));
