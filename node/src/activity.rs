@@ -71,13 +71,26 @@ pub fn nvml_has_work(
         .any(|set| pids.iter().any(|p| set.contains(p)))
 }
 
-/// What an NVML sample says of a container: work, no work, or nothing yet (`None`). NVML trails
-/// the GPU by `lag` (its utilization samples come every 1/6 s to 1 s), so a container thawed
-/// less than `lag` ago that shows no work may simply not have been sampled since: it gets no
-/// observation, rather than a "no work" that would end its new window at once.
-pub fn nvml_observation(busy: bool, since_thaw: Option<Duration>, lag: Duration) -> Option<bool> {
+/// What an NVML sample says of a container: work, no work, or nothing (`None`).
+///
+/// - `busy`: one of its processes is among its GPUs' busy ones: work.
+/// - `others_busy`: another process is busy on one of its GPUs, and none of its own: nothing.
+///   The driver names one process per sample (seen on an H200, driver 580: with three processes
+///   running at once, each 200 ms sample named one of them), so not being named beside a busy
+///   process says nothing about a container. Only a GPU whose samples name nobody busy shows
+///   that its containers have no work.
+/// - NVML trails the GPU by `lag` (its samples come every 1/6 s to 1 s), so a container thawed
+///   less than `lag` ago that shows no work may simply not have been sampled since: nothing,
+///   rather than a "no work" that would end its new window at once.
+pub fn nvml_observation(
+    busy: bool,
+    others_busy: bool,
+    since_thaw: Option<Duration>,
+    lag: Duration,
+) -> Option<bool> {
     match (busy, since_thaw) {
         (true, _) => Some(true),
+        _ if others_busy => None,
         (false, Some(since)) if since < lag => None,
         (false, _) => Some(false),
     }
@@ -196,7 +209,8 @@ impl ActivitySampler {
                         }
                         let work = nvml_has_work(&pids, w.gpus, &busy);
                         let since_thaw = w.thawed_at.map(|t| now.saturating_duration_since(t));
-                        Some((w.vgpu, nvml_observation(work, since_thaw, lag)?))
+                        let observed = nvml_observation(work, contended, since_thaw, lag)?;
+                        Some((w.vgpu, observed))
                     })
                     .collect()
             }
@@ -273,11 +287,23 @@ mod tests {
             (false, Some(ms(0)), ms(0), Some(false)),
         ] {
             assert_eq!(
-                nvml_observation(busy, since_thaw, lag),
+                nvml_observation(busy, false, since_thaw, lag),
                 observation,
                 "busy {busy}, thawed {since_thaw:?} ago, lag {lag:?}"
             );
         }
+    }
+
+    #[test]
+    fn not_being_named_beside_a_busy_process_says_nothing() {
+        let ms = Duration::from_millis;
+        // Its own process busy: work, whoever else is.
+        assert_eq!(nvml_observation(true, true, None, ms(400)), Some(true));
+        // Another container's process busy, none of its own: no observation, thawed or not.
+        assert_eq!(nvml_observation(false, true, None, ms(400)), None);
+        assert_eq!(nvml_observation(false, true, Some(ms(900)), ms(400)), None);
+        // Nobody busy on its GPUs: no work.
+        assert_eq!(nvml_observation(false, false, None, ms(400)), Some(false));
     }
 
     #[test]
