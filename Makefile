@@ -11,6 +11,9 @@
 #               runs some of them
 #   make bench  criterion benchmarks of the scheduler core, and the node service's switch latency,
 #               registration round trip and CPU use with real cgroups (root) (docs/benchmarks.md)
+#   make bench-bursts  (root) bursty demand beside steady work, real podman containers on one
+#               fake GPU (tests/bench_bursts.sh); BEFORE=DIR also runs each case with the binaries
+#               in DIR (the core before a change) first, STRESS=1 again with every CPU kept busy
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 #   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
 #               `make test`, which replays what the fuzzers found (fuzz/regressions/)
@@ -27,7 +30,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps properties fuzz install deb image image-deps
+.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps bench-bursts properties fuzz install deb image image-deps
 
 all: build
 
@@ -116,6 +119,16 @@ bench: bench-deps
 	$(CARGO) bench -p gpuplex-node --bench node_service
 	bash tests/bench_hook.sh
 	bash tests/bench_shim.sh
+
+# Bursty containers beside steady ones under the node service, measured from its window events
+# (tests/README.md); BEFORE=DIR: a release build of the core before a change (its
+# containerd-shim-gpuplex-v1 and gpuplex-hook), run before the one built here in each case.
+BEFORE ?=
+STRESS ?=
+bench-bursts: test-deps
+	@[ "$$(id -u)" = 0 ] || { echo "make bench-bursts runs podman containers and needs root (sudo make bench-bursts)"; exit 1; }
+	$(CARGO) build --release --locked --bins
+	GPUPLEX_BEFORE_BIN_DIR='$(BEFORE)' GPUPLEX_BURST_STRESS='$(STRESS)' bash tests/bench_bursts.sh
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
