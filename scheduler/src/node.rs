@@ -361,7 +361,9 @@ impl Node {
             .collect();
         let request = self.admitted(&annotations)?;
         let id = VgpuId(self.next_id);
-        let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
+        // Spent even when the reservation is refused: the refusal names it, and an id that was
+        // ever shown is never another vGPU's.
+        self.next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         // A GPU counts as having work when a vGPU there has work, or when an arrival there is
         // about to start (a reservation waiting for its container, or a container no sample has
         // reached yet), so that arrivals close together get different idle GPUs where there are
@@ -380,7 +382,6 @@ impl Node {
         let assignment = self
             .inventory
             .assign(id, &request, self.config.policy, has_work)?;
-        self.next_id = next_id;
         self.pending.insert((now, id));
         self.by_handle.insert(handle, id);
         let record = VgpuRecord {

@@ -108,14 +108,14 @@ impl Node {
         kept.insert(GPU_MEMORY.to_owned(), placement.memory.to_string());
         let request = self.admitted(&kept)?;
         let id = VgpuId(self.next_id);
-        let next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
+        // Spent even when the pin is refused (see `Node::reserve`).
+        self.next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
         let assignment = Assignment {
             vgpu: id,
             gpus,
             memory,
         };
         self.inventory.restore(assignment.clone())?;
-        self.next_id = next_id;
         self.by_handle.insert(handle, id);
         self.by_claim.insert(claim.to_owned(), id);
         let record = VgpuRecord {

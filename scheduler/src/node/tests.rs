@@ -107,6 +107,19 @@ fn reserve_refuses_what_asks_for_nothing_is_invalid_or_fits_nowhere() {
 }
 
 #[test]
+fn an_id_a_refusal_names_is_never_another_vgpus() {
+    let mut n = node(1, AssignmentPolicy::Spread);
+    let e = reserve(&mut n, &[("gpuplex.io/gpu-memory", "41Gi")], 0).unwrap_err();
+    let named = n.next_id() - 1;
+    assert!(e.to_string().contains(&format!("vgpu-{named}")), "{e}");
+    let next = reserve(&mut n, EIGHT, 0).unwrap();
+    assert!(
+        next.0 > named,
+        "{next} after a refusal that named vgpu-{named}"
+    );
+}
+
+#[test]
 fn arrivals_close_together_get_different_idle_gpus_under_either_policy() {
     for policy in [AssignmentPolicy::Spread, AssignmentPolicy::Pack] {
         let mut n = node(2, policy);

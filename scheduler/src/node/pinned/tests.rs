@@ -126,12 +126,13 @@ fn a_placement_that_no_longer_fits_is_refused_in_one_line_and_changes_nothing() 
     assert_eq!(after, reserved);
     assert_eq!(n.records().count(), 1);
     assert!(n.vgpu_with(&handle(1)).is_none() && n.vgpu_with(&handle(2)).is_none());
-    // The next id is not used up by a refusal.
+    // The ids the refusals named (2 and 3) are spent: no other vGPU gets them.
+    assert!(gone.to_string().contains("vgpu-3"), "{gone}");
     let v = n
         .pin("uid-1", [], &on(&[1], 8), handle(1), at(2))
         .unwrap()
         .id;
-    assert_eq!(v, VgpuId(2));
+    assert_eq!(v, VgpuId(4));
 }
 
 #[test]
