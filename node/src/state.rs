@@ -3,8 +3,12 @@
 //!
 //! Each write goes to a temporary file in the same directory, is flushed to disk, and is renamed
 //! over the old file (then the directory is flushed): a reader sees the old record or the new one,
-//! never a torn one. A file that cannot be read back is set aside as `<name>.bad` and reported,
-//! never silently dropped.
+//! never a torn one. Each record is written twice, the second time to `copies/`: a record torn or
+//! overwritten behind the service's back (a disk that lost a write, an operator's editor) is
+//! restored from its copy, so that its live container keeps its vGPU and its memory stays
+//! reserved. A file that cannot be read back, nor its copy, is set aside as `<name>.bad` and
+//! reported, never silently dropped. A copy without its record is one whose removal was cut
+//! short, and is removed.
 //!
 //! Beside the records:
 //!
@@ -195,6 +199,8 @@ pub struct SavedGpuAccounting {
 const ACCOUNTING: &str = "accounting.json";
 const FROZEN: &str = "frozen.json";
 const LOCK: &str = "lock";
+/// The subdirectory of the records' second copies.
+const COPIES: &str = "copies";
 
 /// The largest state file read, in bytes: a record is about 1 KiB, the frozen list 100 bytes a
 /// cgroup, the accounting 200 bytes a vGPU.
@@ -289,8 +295,12 @@ pub struct StateDir {
 pub struct Loaded {
     /// The records read.
     pub vgpus: Vec<SavedVgpu>,
-    /// Files that could not be read, set aside as `.bad`, each with why (one line).
+    /// Files that could not be read, nor their copies, set aside as `.bad`, each with why
+    /// (one line).
     pub unreadable: Vec<String>,
+    /// Records that could not be read and were restored from their copies, each with why
+    /// (one line).
+    pub restored: Vec<String>,
 }
 
 impl StateDir {
@@ -306,6 +316,24 @@ impl StateDir {
                 path: dir.to_path_buf(),
                 source,
             })?;
+        let copies = dir.join(COPIES);
+        let made = match fs::DirBuilder::new().mode(0o700).create(&copies) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        };
+        // Written into, so it must be a directory of its own, not a link to one elsewhere.
+        made.and_then(|()| match fs::symlink_metadata(&copies) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(std::io::Error::other(
+                "not a directory (remove it: gpuplex keeps its records' copies there)",
+            )),
+            Err(e) => Err(e),
+        })
+        .map_err(|source| StateError {
+            action: "create",
+            path: copies,
+            source,
+        })?;
         Ok(StateDir {
             dir: dir.to_path_buf(),
         })
@@ -325,58 +353,29 @@ impl StateDir {
         self.dir.join(format!("{vgpu}.json"))
     }
 
-    /// Writes a record atomically (temporary file, flush, rename, flush the directory).
+    fn copy_of(&self, vgpu: VgpuId) -> PathBuf {
+        self.dir.join(COPIES).join(format!("{vgpu}.json"))
+    }
+
+    /// Writes a record atomically (temporary file, flush, rename, flush the directory), then
+    /// its copy the same way: at any moment at least one of the two is whole, and the record
+    /// is never older than its copy.
     pub fn save(&self, saved: &SavedVgpu) -> Result<(), StateError> {
         let id: VgpuId = saved.vgpu.parse().map_err(|e| StateError {
             action: "save",
             path: self.dir.clone(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
         })?;
-        let path = self.file_of(id);
-        let tmp = self.dir.join(format!(".{}.json.tmp", saved.vgpu));
-        let err = |action, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StateError {
-                action,
-                path,
-                source,
-            }
-        };
         let mut bytes = serde_json::to_vec_pretty(saved).expect("a record always serializes");
         bytes.push(b'\n');
-        let mut file = File::create(&tmp).map_err(err("create", &tmp))?;
-        file.write_all(&bytes).map_err(err("write", &tmp))?;
-        file.sync_all().map_err(err("flush", &tmp))?;
-        drop(file);
-        fs::rename(&tmp, &path).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            err("rename into", &path)(e)
-        })?;
-        self.sync_dir()
+        write_durably(&self.file_of(id), &bytes)?;
+        write_durably(&self.copy_of(id), &bytes)
     }
 
-    /// Removes a record; an absent one is not an error.
+    /// Removes a record, then its copy; an absent one is not an error.
     pub fn remove(&self, vgpu: VgpuId) -> Result<(), StateError> {
-        let path = self.file_of(vgpu);
-        match fs::remove_file(&path) {
-            Ok(()) => self.sync_dir(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StateError {
-                action: "remove",
-                path,
-                source,
-            }),
-        }
-    }
-
-    fn sync_dir(&self) -> Result<(), StateError> {
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| StateError {
-                action: "flush",
-                path: self.dir.clone(),
-                source,
-            })
+        remove_durably(&self.file_of(vgpu))?;
+        remove_durably(&self.copy_of(vgpu))
     }
 
     /// Writes the accounting: a temporary file renamed over the old one, not flushed to disk
@@ -487,18 +486,23 @@ impl StateDir {
         }
     }
 
-    /// Reads every record. Leftover temporary files (a write cut short) are removed; a file
-    /// that does not parse is renamed to `.bad` and reported.
+    /// Reads every record. Leftover temporary files (a write cut short) are removed; a record
+    /// that does not parse is restored from its copy, or, when the copy does not parse either,
+    /// renamed to `.bad` and reported; a copy that differs from its record is rewritten, and
+    /// one without a record removed.
     pub fn load(&self) -> Result<Loaded, StateError> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| StateError {
-            action: "read",
-            path: self.dir.clone(),
-            source,
-        })?;
         let mut loaded = Loaded::default();
-        let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-        names.sort();
-        for path in names {
+        let copies = self.dir.join(COPIES);
+        for path in self.listing(&copies)? {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let leftover = name.starts_with('.') && name.ends_with(".tmp");
+            let orphan = fs::symlink_metadata(self.dir.join(name)).is_err();
+            if leftover || (name.ends_with(".json") && orphan) {
+                // A write or a removal cut short: the record says what is.
+                let _ = fs::remove_file(&path);
+            }
+        }
+        for path in self.listing(&self.dir)? {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.starts_with('.') && name.ends_with(".tmp") {
                 let _ = fs::remove_file(&path);
@@ -507,33 +511,140 @@ impl StateDir {
             if !name.ends_with(".json") || name == ACCOUNTING || name == FROZEN {
                 continue;
             }
-            let parsed = read_file(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<SavedVgpu>(&b).map_err(|e| e.to_string()))
-                .and_then(|s| match s.format {
-                    FORMAT if s.vgpu.parse::<VgpuId>().is_err() => {
-                        Err(format!("{:?} is not a vGPU id", s.vgpu))
+            let copy = copies.join(name);
+            match (record_at(&path, name), record_at(&copy, name)) {
+                (Ok(saved), copied) => {
+                    if copied.as_ref().ok() != Some(&saved) {
+                        // Missing (a save cut short, a record of an older gpuplex) or stale.
+                        let line = match read_file(&path) {
+                            Ok(bytes) => write_durably(&copy, &bytes).map_err(|e| e.to_string()),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        if let Err(e) = line {
+                            tracing::warn!("{}: cannot write its copy: {e}", path.display());
+                        }
                     }
-                    FORMAT if format!("{}.json", s.vgpu) == name => Ok(s),
-                    FORMAT => Err(format!("it holds {}, not what its name says", s.vgpu)),
-                    other => Err(format!(
-                        "format {other} is not known (this gpuplex writes {FORMAT})"
-                    )),
-                });
-            match parsed {
-                Ok(saved) => loaded.vgpus.push(saved),
-                Err(why) => {
+                    loaded.vgpus.push(saved);
+                }
+                (Err(why), Ok(saved)) => {
                     let bad = path.with_extension("json.bad");
                     let _ = fs::rename(&path, &bad);
+                    let restored = read_file(&copy)
+                        .map_err(|source| StateError {
+                            action: "read",
+                            path: copy.clone(),
+                            source,
+                        })
+                        .and_then(|bytes| write_durably(&path, &bytes));
+                    let what = match restored {
+                        Ok(()) => "restored it from its copy".to_string(),
+                        Err(e) => format!("read its copy ({e})"),
+                    };
+                    let line = format!(
+                        "{}: {why}; {what} (the unreadable file is kept as {})",
+                        path.display(),
+                        bad.display()
+                    );
+                    loaded.restored.push(shown(&line).into_owned());
+                    loaded.vgpus.push(saved);
+                }
+                (Err(why), Err(copy_why)) => {
+                    let bad = path.with_extension("json.bad");
+                    let _ = fs::rename(&path, &bad);
+                    let _ = fs::rename(&copy, copy.with_extension("json.bad"));
                     // One line: serde's messages quote field names as written.
-                    let line =
-                        format!("{}: {why} (set aside as {})", path.display(), bad.display());
+                    let line = format!(
+                        "{}: {why}; its copy: {copy_why} (set aside as {})",
+                        path.display(),
+                        bad.display()
+                    );
                     loaded.unreadable.push(shown(&line).into_owned());
                 }
             }
         }
         Ok(loaded)
     }
+
+    /// The entries of a directory, sorted.
+    fn listing(&self, dir: &Path) -> Result<Vec<PathBuf>, StateError> {
+        let entries = fs::read_dir(dir).map_err(|source| StateError {
+            action: "read",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+/// The record in the file at `path`, which must be named `name` (`vgpu-<n>.json`) after the
+/// vGPU it holds; why not, in one line.
+fn record_at(path: &Path, name: &str) -> Result<SavedVgpu, String> {
+    read_file(path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice::<SavedVgpu>(&b).map_err(|e| e.to_string()))
+        .and_then(|s| match s.format {
+            FORMAT if s.vgpu.parse::<VgpuId>().is_err() => {
+                Err(format!("{:?} is not a vGPU id", s.vgpu))
+            }
+            FORMAT if format!("{}.json", s.vgpu) == name => Ok(s),
+            FORMAT => Err(format!("it holds {}, not what its name says", s.vgpu)),
+            other => Err(format!(
+                "format {other} is not known (this gpuplex writes {FORMAT})"
+            )),
+        })
+}
+
+/// Writes `bytes` as the file `path` atomically: a temporary file beside it, flushed, renamed
+/// over it, and the directory flushed.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("record");
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let err = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StateError {
+            action,
+            path,
+            source,
+        }
+    };
+    let mut file = File::create(&tmp).map_err(err("create", &tmp))?;
+    file.write_all(bytes).map_err(err("write", &tmp))?;
+    file.sync_all().map_err(err("flush", &tmp))?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        err("rename into", path)(e)
+    })?;
+    sync_dir(dir)
+}
+
+/// Removes the file `path` and flushes its directory; an absent one is not an error.
+fn remove_durably(path: &Path) -> Result<(), StateError> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(path.parent().unwrap_or(Path::new("/"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(StateError {
+            action: "remove",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StateError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| StateError {
+            action: "flush",
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// The node's lock ([`StateDir::lock`]).
@@ -665,6 +776,114 @@ mod tests {
         assert!(dir.path().join("vgpu-3.json.bad").exists());
         assert!(!dir.path().join(".vgpu-2.json.tmp").exists());
         assert!(dir.path().join("README").exists());
+    }
+
+    #[test]
+    fn a_torn_record_is_restored_from_its_copy_and_keeps_the_torn_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        state.save(&saved(1)).unwrap();
+        state.save(&saved(2)).unwrap();
+        let record = dir.path().join("vgpu-2.json");
+        let whole = fs::read(&record).unwrap();
+        for keep in [0, 1, whole.len() / 2, whole.len() - 2] {
+            fs::write(&record, &whole[..keep]).unwrap();
+            let loaded = state.load().unwrap();
+            assert_eq!(loaded.vgpus, vec![saved(1), saved(2)], "torn at {keep}");
+            assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
+            assert_eq!(loaded.restored.len(), 1, "{:?}", loaded.restored);
+            let line = &loaded.restored[0];
+            assert!(
+                line.contains("vgpu-2.json") && line.contains("restored") && !line.contains('\n')
+            );
+            assert_eq!(
+                fs::read(&record).unwrap(),
+                whole,
+                "the record is whole again"
+            );
+            assert_eq!(
+                fs::read(dir.path().join("vgpu-2.json.bad")).unwrap(),
+                &whole[..keep]
+            );
+            // Read again, nothing is left to restore.
+            let again = state.load().unwrap();
+            assert!(again.restored.is_empty() && again.unreadable.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_record_whose_copy_is_torn_too_is_set_aside_and_its_copy_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        state.save(&saved(1)).unwrap();
+        fs::write(dir.path().join("vgpu-1.json"), "{").unwrap();
+        fs::write(dir.path().join(COPIES).join("vgpu-1.json"), "").unwrap();
+        let loaded = state.load().unwrap();
+        assert!(loaded.vgpus.is_empty() && loaded.restored.is_empty());
+        assert_eq!(loaded.unreadable.len(), 1, "{:?}", loaded.unreadable);
+        assert!(
+            loaded.unreadable[0].contains("its copy"),
+            "{:?}",
+            loaded.unreadable
+        );
+        assert!(dir.path().join("vgpu-1.json.bad").exists());
+        assert!(dir.path().join(COPIES).join("vgpu-1.json.bad").exists());
+        assert!(state.load().unwrap().unreadable.is_empty(), "reported once");
+    }
+
+    #[test]
+    fn a_missing_or_stale_copy_is_rewritten_and_a_copy_without_its_record_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let copy = |n: u32| dir.path().join(COPIES).join(format!("vgpu-{n}.json"));
+        state.save(&saved(1)).unwrap();
+        state.save(&saved(2)).unwrap();
+        state.save(&saved(3)).unwrap();
+        // A record of a gpuplex that kept no copies; a save cut short between the two writes;
+        // a removal cut short between the two removals.
+        fs::remove_file(copy(1)).unwrap();
+        let mut newer = saved(2);
+        newer.held = true;
+        fs::write(
+            dir.path().join("vgpu-2.json"),
+            serde_json::to_vec(&newer).unwrap(),
+        )
+        .unwrap();
+        fs::remove_file(dir.path().join("vgpu-3.json")).unwrap();
+        fs::write(dir.path().join(COPIES).join(".vgpu-4.json.tmp"), "{").unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.vgpus, vec![saved(1), newer.clone()]);
+        assert!(loaded.restored.is_empty() && loaded.unreadable.is_empty());
+        assert_eq!(record_at(&copy(1), "vgpu-1.json").unwrap(), saved(1));
+        assert_eq!(record_at(&copy(2), "vgpu-2.json").unwrap(), newer);
+        assert!(
+            !copy(3).exists(),
+            "a released vGPU does not come back from its copy"
+        );
+        assert!(!dir.path().join(COPIES).join(".vgpu-4.json.tmp").exists());
+        state.remove(VgpuId(1)).unwrap();
+        assert!(!copy(1).exists());
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_copies_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(COPIES)).unwrap();
+        let line = StateDir::open(dir.path()).unwrap_err().to_string();
+        assert!(line.contains("copies") && !line.contains('\n'), "{line}");
+        // A record named like one but a link: set aside with its copy missing, nothing followed.
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        state.save(&saved(1)).unwrap();
+        fs::remove_file(dir.path().join("vgpu-1.json")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("vgpu-1.json")).unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.vgpus, vec![saved(1)], "restored from its copy");
+        assert_eq!(loaded.restored.len(), 1);
+        assert!(fs::symlink_metadata(dir.path().join("vgpu-1.json"))
+            .unwrap()
+            .is_file());
     }
 
     #[test]

@@ -91,14 +91,9 @@ fn an_unreadable_record_of_a_frozen_container_never_leaves_it_frozen() {
     signal(watchdog, Signal::SIGKILL);
     let frozen: Vec<&TestCgroup> = cgroups.iter().filter(|c| c.is_frozen()).collect();
     assert_eq!(frozen.len(), 2, "nobody thawed them");
-    // Every record torn or turned to garbage.
-    for entry in std::fs::read_dir(under(&service, "state")).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if name.starts_with("vgpu-") {
-            std::fs::write(&path, "{\"format\":1,\"vgpu\":").unwrap();
-        }
-    }
+    // Every record torn or turned to garbage, and every copy of one.
+    tear_records(&under(&service, "state"));
+    tear_records(&under(&service, "state").join("copies"));
     service.spawn();
     assert!(
         cgroups.iter().all(|c| !c.is_frozen()),
@@ -111,6 +106,58 @@ fn an_unreadable_record_of_a_frozen_container_never_leaves_it_frozen() {
         log.contains("thawed 2 cgroup(s) the last run left on its frozen list"),
         "{log}"
     );
+}
+
+/// Cuts every vGPU record in `dir` short.
+fn tear_records(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.starts_with("vgpu-") {
+            std::fs::write(&path, "{\"format\":1,\"vgpu\":").unwrap();
+        }
+    }
+}
+
+#[test]
+fn records_torn_while_the_service_was_down_come_back_from_their_copies() {
+    if !can_run("records_torn_while_the_service_was_down_come_back_from_their_copies") {
+        return;
+    }
+    let _serial = serial();
+    let mut service = NodeService::start(Setup {
+        slice: "10s",
+        ..Setup::default()
+    });
+    let cgroups = three_busy(&service, "copies");
+    let before = service.status();
+    service.kill9();
+    tear_records(&under(&service, "state"));
+    service.spawn();
+    let log = service.log_text();
+    assert_eq!(log.matches("restored it from its copy").count(), 3, "{log}");
+    let after = service.status();
+    let vgpus = |s: &serde_json::Value| {
+        let mut v: Vec<String> = (s["containers"].as_array().unwrap().iter())
+            .map(|c| format!("{} {}", c["vgpu"], c["id"]))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        vgpus(&after),
+        vgpus(&before),
+        "every container keeps its vGPU"
+    );
+    assert_eq!(
+        after["gpus"][0]["unreserved"],
+        before["gpus"][0]["unreserved"]
+    );
+    // And it is windowed again: two of the three busy ones frozen.
+    let two_frozen = wait_until(Duration::from_secs(3), || {
+        cgroups.iter().filter(|c| c.is_frozen()).count() == 2
+    });
+    assert!(two_frozen.is_some(), "{}", service.status());
 }
 
 #[test]

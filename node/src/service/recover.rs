@@ -34,6 +34,9 @@ impl Service {
         for why in &loaded.unreadable {
             tracing::error!("state: {why}");
         }
+        for why in &loaded.restored {
+            tracing::warn!("state: {why}");
+        }
         // Records written before the frozen list existed: their cgroups too.
         let records = leftovers::thaw(leftovers::saved_cgroups(&loaded.vgpus), &self.hierarchies);
         for why in &records.failed {

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use gpuplex_scheduler::node::VgpuRecord;
-use gpuplex_scheduler::VgpuId;
+use gpuplex_scheduler::{GpuIndex, VgpuId};
 
 use super::fixture::{self, Fixture};
 use super::Service;
@@ -225,5 +225,46 @@ fn a_restart_from_the_saved_state_has_the_same_registrations() {
         again.enforcer.iter().count(),
         2,
         "both containers enforced again"
+    );
+}
+
+#[test]
+fn a_record_torn_while_the_service_was_down_comes_back_from_its_copy() {
+    let mut f = Fixture::new();
+    let c1 = f.running_cgroup("c1");
+    let kept = f.ask(&register("c1", &c1)).into_vgpu().unwrap();
+    f.ask(RESERVE).into_vgpu().unwrap();
+    let unreserved = |s: &Service| s.registry.node().inventory().unreserved(GpuIndex(0));
+    let before = unreserved(&f.service);
+
+    // The second service starts over a copy of the state (the first keeps its node lock), in
+    // which the container's record was cut short.
+    let copy = f.dir.path().join("state-copy");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(f.state())
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let record = copy.join(format!("{}.json", kept.id));
+    let whole = fs::read(&record).unwrap();
+    fs::write(&record, &whole[..whole.len() / 3]).unwrap();
+    let mut again = fixture::service_with_state(f.dir.path(), &copy).unwrap();
+    again.recover().unwrap();
+
+    let node = again.registry.node();
+    let back = node.records().find(|r| r.id == kept.id).expect("recovered");
+    assert_eq!(back.containers().collect::<Vec<_>>(), ["c1"]);
+    assert_eq!(
+        again.enforcer.iter().count(),
+        1,
+        "its container is enforced again"
+    );
+    assert_eq!(unreserved(&again), before, "its memory is still reserved");
+    assert_eq!(
+        fs::read(&record).unwrap(),
+        whole,
+        "the record is whole again"
     );
 }
