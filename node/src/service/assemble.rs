@@ -144,6 +144,7 @@ impl Service {
             node_name,
             cdi,
             last_checkpoint: std::time::Instant::now(),
+            checkpoint_failures: Default::default(),
             last_exit_sweep: std::time::Instant::now(),
             last_stop_check: std::time::Instant::now(),
             config,

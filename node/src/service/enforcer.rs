@@ -26,6 +26,7 @@ use gpuplex_scheduler::VgpuId;
 
 use super::enforced::{Enforced, Member};
 use super::freezer::Freezer;
+use super::repeated::{Repeated, Say};
 use crate::state::{SavedFreezer, SavedFrozen, StateDir};
 
 /// The attached vGPUs as enforced, and how.
@@ -40,6 +41,8 @@ pub(super) struct Enforcer {
     watched: bool,
     /// How long a freeze may take to be confirmed.
     freeze_timeout: Duration,
+    /// Failures to write the frozen list, logged as they begin, recur and end.
+    list_failures: Repeated,
 }
 
 /// What the freeze of one vGPU's containers came to.
@@ -64,6 +67,7 @@ impl Enforcer {
             saved: None,
             watched: false,
             freeze_timeout,
+            list_failures: Repeated::default(),
         }
     }
 
@@ -151,10 +155,23 @@ impl Enforcer {
         match self.list.save_frozen(&saved) {
             Ok(()) => {
                 self.saved = Some(list);
+                if self.list_failures.succeeded() {
+                    tracing::info!(
+                        "the frozen list can be written again: windows are enforced again"
+                    );
+                }
                 true
             }
             Err(e) => {
-                tracing::error!("{e}; nothing is frozen until the frozen list can be written");
+                match self.list_failures.failed(Instant::now()) {
+                    Say::Nothing => {}
+                    Say::First => tracing::error!(
+                        "{e}; nothing is frozen until the frozen list can be written"
+                    ),
+                    Say::Again(n) => tracing::error!(
+                        "{e} (and {n} more times since the last line); still nothing is frozen"
+                    ),
+                }
                 false
             }
         }

@@ -37,6 +37,7 @@ mod recover;
 mod registry;
 #[cfg(test)]
 mod registry_tests;
+mod repeated;
 mod requests;
 mod sample;
 mod socket;
@@ -139,6 +140,8 @@ pub struct Service {
     /// The GPUs' CDI spec, as containers get it.
     cdi: CdiSpecs,
     last_checkpoint: std::time::Instant,
+    /// Failures to save the accounting, logged as they begin, recur and end.
+    checkpoint_failures: repeated::Repeated,
     /// When every container was last asked whether it still has processes.
     last_exit_sweep: std::time::Instant,
     /// When the frozen containers were last looked at for stop signals.

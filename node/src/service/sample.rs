@@ -2,6 +2,7 @@
 //! no pidfd saw, stop signals pending in frozen containers, containers that started, and the
 //! accounting saved.
 
+use super::repeated::Say;
 use gpuplex_scheduler::VgpuId;
 
 use super::{Service, ACCOUNTING_CHECKPOINT, EXIT_SWEEP, STOP_CHECK};
@@ -127,8 +128,20 @@ impl Service {
                 })
                 .collect(),
         };
-        if let Err(e) = self.registry.state().save_accounting(&accounting) {
-            tracing::warn!("{e}; a restart would lose the accounting since the last save");
+        match self.registry.state().save_accounting(&accounting) {
+            Ok(()) if self.checkpoint_failures.succeeded() => {
+                tracing::info!("the accounting is saved again")
+            }
+            Ok(()) => {}
+            Err(e) => match self.checkpoint_failures.failed(std::time::Instant::now()) {
+                Say::Nothing => {}
+                Say::First => {
+                    tracing::warn!("{e}; a restart would lose the accounting since the last save")
+                }
+                Say::Again(n) => tracing::warn!(
+                    "{e} (and {n} more times since the last line); the accounting is not saved"
+                ),
+            },
         }
     }
 }
