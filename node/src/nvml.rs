@@ -30,6 +30,10 @@ const MAX_HOLD_US: u64 = 2_000_000;
 const MAX_PERIOD_US: u64 = 2_000_000;
 /// How many recent gaps the period estimate (their median) uses.
 const GAPS_KEPT: usize = 9;
+/// A newest sample this far ahead of the wall clock means the clock was stepped back (the
+/// driver stamps its samples with the wall clock): what was seen is forgotten and the next query
+/// looks back from the new time, else no sample would count until the clock caught up.
+const CLOCK_STEP_US: u64 = 2_000_000;
 
 /// NVML, loaded.
 pub struct NvmlGpus {
@@ -172,6 +176,7 @@ impl NvmlGpus {
         let tracker = self.trackers.entry(index).or_default();
         if !tracker.unsupported {
             let now = now_us();
+            tracker.follow_clock(now);
             let since = tracker.since(now);
             match process_samples(&device, since) {
                 Ok(samples) => {
@@ -290,6 +295,19 @@ struct Tracker {
 }
 
 impl Tracker {
+    /// Forgets what was seen when the wall clock was stepped back below the newest sample.
+    fn follow_clock(&mut self, now: u64) {
+        if self
+            .last_seen
+            .is_some_and(|last| last > now.saturating_add(CLOCK_STEP_US))
+        {
+            *self = Tracker {
+                unsupported: self.unsupported,
+                ..Tracker::default()
+            };
+        }
+    }
+
     /// The timestamp to ask NVML for samples after.
     fn since(&self, now: u64) -> u64 {
         self.last_seen
@@ -335,10 +353,8 @@ impl Tracker {
             self.last_seen = Some(newest);
         }
         let hold = self.hold_us();
-        let fresh = |seen: &PidSeen| {
-            seen.busy_at
-                .is_some_and(|at| now.saturating_sub(at) <= hold)
-        };
+        // Seen at a later time than now: the clock went back since; no longer busy.
+        let fresh = |seen: &PidSeen| seen.busy_at.is_some_and(|at| at <= now && now - at <= hold);
         // Forget pids neither busy nor sampled lately, so exited processes do not pile up.
         let floor = now.saturating_sub(10 * MAX_HOLD_US);
         self.pids
@@ -503,6 +519,33 @@ mod tests {
         let since = t.since(T0);
         t.update(T0 + 9_000 * MS, since, &[s(1, T0 + 8_990 * MS, 90)]);
         assert_eq!(t.period_us(), Some(167 * MS));
+    }
+
+    #[test]
+    fn a_wall_clock_stepped_back_is_followed_not_waited_for() {
+        let mut t = Tracker::default();
+        let since = t.since(T0);
+        assert_eq!(t.update(T0, since, &[s(1, T0 - 10 * MS, 50)]), set(&[1]));
+        // The clock goes back an hour: the old newest sample is far ahead of it.
+        let back = T0 - 3_600_000 * MS;
+        t.follow_clock(back);
+        let since = t.since(back);
+        assert_eq!(since, back - FIRST_LOOKBACK_US, "asks from the new time");
+        assert_eq!(t.update(back, since, &[]), set(&[]), "nothing stays busy");
+        let busy = t.update(back + 100 * MS, since, &[s(2, back + 50 * MS, 30)]);
+        assert_eq!(busy, set(&[2]), "samples after the step count at once");
+        // A step back within the margin keeps the tracker, but a pid seen busy "later" than
+        // now is not held busy for the difference.
+        let mut t = Tracker::default();
+        t.update(T0, 0, &[s(1, T0 - 10 * MS, 50)]);
+        t.follow_clock(T0 - 1_000 * MS);
+        assert_eq!(t.last_seen, Some(T0 - 10 * MS));
+        assert_eq!(t.update(T0 - 1_000 * MS, T0 - 10 * MS, &[]), set(&[]));
+        // Forward steps change nothing but the hold running out.
+        let mut t = Tracker::default();
+        t.update(T0, 0, &[s(1, T0 - 10 * MS, 50)]);
+        t.follow_clock(T0 + 3_600_000 * MS);
+        assert_eq!(t.last_seen, Some(T0 - 10 * MS));
     }
 
     #[test]
