@@ -199,8 +199,12 @@ fn a_second_service_on_the_same_node_touches_no_cgroup() {
         return;
     }
     let _serial = serial();
+    // No window ends while the second instance waits for the lock (5 s): windows of a quarter
+    // slice at least, and every container counts as working (on a loaded machine a thawed busy
+    // loop may get no CPU time before its first sample, which would end its window early).
     let service = NodeService::start(Setup {
-        slice: "10s",
+        slice: "100s",
+        activity: "always",
         ..Setup::default()
     });
     let cgroups = three_busy(&service, "second");

@@ -5,7 +5,8 @@
 //! A spec that does not parse or validate, or whose GPUs disagree with the node's, is one line:
 //! logged when it is read, shown by `gpuplexctl status`, and the refusal of every reservation
 //! until it is fixed. No spec of the kind is no edits (device nodes only), logged once with the
-//! command that writes one.
+//! command that writes one. A read is logged only when its outcome changed: the directories are
+//! shared (the DRA driver writes a spec of its own kind per claim), so most changes are others'.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -56,7 +57,7 @@ impl CdiSpecs {
     /// Reads the specs again when a file of the directories changed since the last read.
     pub fn refresh(&mut self) {
         if self.files() != self.seen {
-            tracing::info!("CDI: the spec directories changed; reading them again");
+            tracing::debug!("CDI: the spec directories changed; reading them again");
             self.read();
         }
     }
@@ -93,8 +94,9 @@ impl CdiSpecs {
         seen
     }
 
-    /// Reads the specs, checks them against the GPUs and logs the outcome.
-    fn read(&mut self) {
+    /// Reads the specs, checks them against the GPUs and logs the outcome when it changed;
+    /// whether it did.
+    fn read(&mut self) -> bool {
         self.seen = self.files();
         let kind = &self.kind;
         let uuids: Vec<&str> = self.uuids.iter().map(String::as_str).collect();
@@ -105,28 +107,35 @@ impl CdiSpecs {
                     .map(|()| r)
                     .map_err(|e| e.to_string())
             });
-        self.state = match &read {
-            Err(e) => {
-                tracing::error!("CDI: {e}; containers that ask for a vGPU fail until it is fixed");
-                format!("error: {e}")
-            }
+        let state = match &read {
+            Err(e) => format!("error: {e}"),
             Ok(registry) => match registry.why_empty() {
-                Some(why) => {
-                    tracing::warn!("CDI: {why}; containers get device nodes only");
-                    format!("none: {why}")
-                }
+                Some(why) => format!("none: {why}"),
                 None => {
                     let files: Vec<String> = registry
                         .spec_files()
                         .iter()
                         .map(|f| f.display().to_string())
                         .collect();
-                    tracing::info!("CDI: {kind} from {}", files.join(", "));
                     format!("{kind} from {}", files.join(", "))
                 }
             },
         };
         self.read = read;
+        if state == self.state {
+            return false;
+        }
+        match &self.read {
+            Err(e) => {
+                tracing::error!("CDI: {e}; containers that ask for a vGPU fail until it is fixed")
+            }
+            Ok(_) if state.starts_with("none: ") => {
+                tracing::warn!("CDI: {}; containers get device nodes only", &state[6..])
+            }
+            Ok(_) => tracing::info!("CDI: {state}"),
+        }
+        self.state = state;
+        true
     }
 }
 
@@ -176,5 +185,37 @@ mod tests {
 
         std::fs::remove_file(dir.path().join("nvidia.yaml")).unwrap();
         assert_eq!(specs.edits_for(&[(0, "GPU-aa00")]), Ok(None));
+    }
+
+    #[test]
+    fn specs_of_other_kinds_coming_and_going_are_read_but_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = [dir.path().to_path_buf()];
+        let mut specs = CdiSpecs::load(&dirs, "nvidia.com/gpu", vec!["GPU-aa00".into()]);
+        let claim = |name: &str| {
+            let path = dir.path().join(format!("gpuplex.io-vgpu-{name}.yaml"));
+            let spec = format!("cdiVersion: 0.5.0\nkind: gpuplex.io/vgpu\ndevices:\n- name: {name}\n  containerEdits:\n    env:\n    - A=1\n");
+            std::fs::write(&path, spec).unwrap();
+            path
+        };
+        claim("c1");
+        assert!(
+            specs.read(),
+            "the first spec of another kind is named in the state"
+        );
+        let none = specs.state().to_owned();
+        assert!(none.contains("found only gpuplex.io/vgpu"), "{none}");
+        // The driver's claims come and go: read, and nothing to say.
+        let c2 = claim("c2");
+        assert_ne!(specs.files(), specs.seen);
+        assert!(!specs.read());
+        std::fs::remove_file(c2).unwrap();
+        assert!(!specs.read());
+        assert_eq!(specs.state(), none);
+        std::fs::write(dir.path().join("nvidia.yaml"), spec("GPU-aa00")).unwrap();
+        assert!(specs.read(), "a spec of the kind: said");
+        claim("c3");
+        assert!(!specs.read());
+        assert!(specs.state().starts_with("nvidia.com/gpu from "));
     }
 }
