@@ -31,6 +31,9 @@ pub struct State {
     pub conflicts: usize,
     /// The next replace is answered 409 after another writer's change (a race).
     pub race_next_replace: bool,
+    /// How long a claim's read waits before it is answered (a slow API server: the soak's
+    /// kubelet stand-in restarts the plugin while a prepare waits for its claim).
+    pub claim_delay: std::time::Duration,
 }
 
 impl State {
@@ -99,6 +102,12 @@ async fn serve(
     let path = request.uri().path().to_owned();
     let query = request.uri().query().unwrap_or_default().to_owned();
     let body = request.into_body().collect().await.unwrap().to_bytes();
+    if method == Method::GET && path.contains("/resourceclaims/") {
+        let delay = state.lock().unwrap().claim_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
     let mut s = state.lock().unwrap();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let response = match (&method, parts.as_slice()) {

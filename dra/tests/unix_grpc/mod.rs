@@ -6,7 +6,16 @@ use std::path::Path;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// A channel to the gRPC server on `socket`.
+#[allow(dead_code)] // the soak's kubelet stand-in (examples/kubelet-standin.rs) uses try_channel
 pub async fn channel(socket: &Path) -> Channel {
+    try_channel(socket)
+        .await
+        .expect("the plugin's socket answers")
+}
+
+/// A channel to the gRPC server on `socket`, or why it does not answer (a plugin that is
+/// restarting, or gone).
+pub async fn try_channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_path_buf();
     // The URI is a placeholder: the connector dials the socket.
     Endpoint::from_static("http://[::1]:50051")
@@ -18,5 +27,4 @@ pub async fn channel(socket: &Path) -> Channel {
             }
         }))
         .await
-        .expect("the plugin's socket answers")
 }
