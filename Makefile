@@ -14,6 +14,11 @@
 #   make bench-bursts  (root) bursty demand beside steady work, real podman containers on one
 #               fake GPU (tests/bench_bursts.sh); BEFORE=DIR also runs each case with the binaries
 #               in DIR (the core before a change) first, STRESS=1 again with every CPU kept busy
+#   make soak   (root) churn with faults injected for SOAK_MINUTES (default 60): podman and
+#               containerd containers started and removed at seeded random on 4 fake GPUs while
+#               the node service is killed, stopped and starved of state_dir, containerd is
+#               killed and shims are killed, its invariants checked every second (tests/soak/);
+#               SOAK_SEED=N replays a run (default: a random seed, printed)
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 #   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
 #               `make test`, which replays what the fuzzers found (fuzz/regressions/)
@@ -30,7 +35,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps bench-bursts properties fuzz install deb image image-deps
+.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps bench-bursts soak properties fuzz install deb image image-deps
 
 all: build
 
@@ -129,6 +134,16 @@ bench-bursts: test-deps
 	@[ "$$(id -u)" = 0 ] || { echo "make bench-bursts runs podman containers and needs root (sudo make bench-bursts)"; exit 1; }
 	$(CARGO) build --release --locked --bins
 	GPUPLEX_BEFORE_BIN_DIR='$(BEFORE)' GPUPLEX_BURST_STRESS='$(STRESS)' bash tests/bench_bursts.sh
+
+# The soak (tests/soak/soak.sh, tests/README.md): podman and containerd; not in `make test` (an
+# hour by default). SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD
+# and SOAK_KEEP are read from the environment (soak.sh says what each does).
+SOAK_MINUTES ?= 60
+SOAK_SEED ?=
+soak: test-deps
+	@[ "$$(id -u)" = 0 ] || { echo "make soak runs podman containers and needs root (sudo make soak)"; exit 1; }
+	$(CARGO) build --release --locked --bins
+	SOAK_MINUTES='$(SOAK_MINUTES)' SOAK_SEED='$(SOAK_SEED)' bash tests/soak/soak.sh
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
