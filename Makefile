@@ -136,13 +136,14 @@ bench-bursts: test-deps
 	GPUPLEX_BEFORE_BIN_DIR='$(BEFORE)' GPUPLEX_BURST_STRESS='$(STRESS)' bash tests/bench_bursts.sh
 
 # The soak (tests/soak/soak.sh, tests/README.md): podman and containerd; not in `make test` (an
-# hour by default). SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD
-# and SOAK_KEEP are read from the environment (soak.sh says what each does).
+# hour by default). SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD,
+# SOAK_PODS and SOAK_KEEP are read from the environment (soak.sh says what each does).
 SOAK_MINUTES ?= 60
 SOAK_SEED ?=
 soak: test-deps
 	@[ "$$(id -u)" = 0 ] || { echo "make soak runs podman containers and needs root (sudo make soak)"; exit 1; }
 	$(CARGO) build --release --locked --bins
+	$(CARGO) build --release --locked -p gpuplex-dra --example kubelet-standin
 	SOAK_MINUTES='$(SOAK_MINUTES)' SOAK_SEED='$(SOAK_SEED)' bash tests/soak/soak.sh
 
 properties:

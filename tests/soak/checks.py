@@ -64,6 +64,7 @@ class Checker:
         self.unknown_seen = {}  # container id of no container of ours: first time seen
         self.mismatched = set()  # GPUs whose reserved memory is wrong now (printed once)
         self.longest_freeze = {}  # priority: (seconds, container)
+        self.claim_check = None  # pods.Pods.check, when the kubelet's pods run
         self.quit = False
 
     def once(self, kind, key, msg):
@@ -119,7 +120,8 @@ class Checker:
         self.run.count_check("vgpus")
         by_id = {}
         for s in status["containers"]:
-            by_id.setdefault(s["id"], []).append(s)
+            if not s.get("claim"):  # a claim's or an allocation's: the kubelet's (pods.py)
+                by_id.setdefault(s["id"], []).append(s)
         known = {c.id: c for c in list(self.work.containers) if c.id}
         for c in self.work.live():
             if not c.annotated or (now - c.started_at < SETTLE and not final):
@@ -151,6 +153,8 @@ class Checker:
                 self.once("memory-mismatch", cid, f"{c.describe()}: its vGPU holds {entries[0]['memory']} bytes")
         seen = {r["vgpu"] for r in status["reservations"]}
         for r in status["reservations"]:
+            if r.get("claim"):  # pinned for a claim or an allocation: the kubelet's (pods.py)
+                continue
             first = self.reservation_seen.setdefault(r["vgpu"], now)
             seen_at = self.run.now() - (now - first)  # when first seen, on the run's clock
             orphan = self.run.fault_near(seen_at - RESERVATION_TTL, self.run.now())
@@ -159,9 +163,9 @@ class Checker:
                 self.once("reservation-leak", r["vgpu"], f"reservation {r['vgpu']} on GPUs {r['gpus']} "
                           f"({r['memory']} bytes) unattached for {now - first:.0f}s")
         self.reservation_seen = {k: v for k, v in self.reservation_seen.items() if k in seen}
-        # A refused start's vGPU (named in its error) is released with the refusal. The node
-        # gives the id a refusal named to its next reservation (the refused one never was a
-        # vGPU): held by a live container of ours it is that one's, and only noted.
+        # A refused start's vGPU (named in its error) is released with the refusal; the node
+        # never gives the id a refusal named to another vGPU (it was once given to the next
+        # reservation: held by a live container of ours that started after, it is only noted).
         owner = {s["vgpu"]: known.get(s["id"]) for s in status["containers"]}
         due = [x for x in self.work.refused_vgpus if final or now - x[0] > SETTLE]
         for t, vgpu in due:
@@ -180,8 +184,12 @@ class Checker:
             g = gpu["index"]
             held = gpu["capacity"] - gpu["unreserved"]
             asked, settled = 0, True
+            # A claim's vGPU, shared by its pod's containers, counts once (the kubelet checks
+            # that it holds what the claim asked).
+            claimed = {s["vgpu"]: s for s in status["containers"] if s.get("claim") and g in s["gpus"]}
+            asked += sum(s["memory"][s["gpus"].index(g)] for s in claimed.values())
             for s in status["containers"]:
-                if g in s["gpus"]:
+                if g in s["gpus"] and not s.get("claim"):
                     c = known.get(s["id"])
                     if c is None or c.state != "live":
                         settled = False
@@ -241,6 +249,8 @@ class Checker:
         self.check_frozen(status or self.status)
         if status is not None and settled:
             self.check_vgpus(status)
+            if self.claim_check is not None:
+                self.claim_check(status)
         for part, _share in self.work.parts:
             part.tick()
 

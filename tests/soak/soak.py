@@ -2,10 +2,11 @@
 
 Threads: the service's supervisor (node.Service), the generator (workload.Workload), the faults
 (node.Faults), the freezer sampler and the one-second checker (checks.Checker), and the parts'
-own (containerd's supervisor). The parts are the runtimes containers run through (`parts()`:
-podman.Podman, containerd.Containerd); each brings its faults and checks. At the end the
-generator and the faults stop, the run settles and is checked once more, every container is
-removed and the node must hold nothing, the parts and the service are stopped, and the summary
+own (containerd's supervisor), and the kubelet's pods (pods.Pods: claims and device-plugin
+allocations through the real DRA driver and device plugin, a generator of their own). The parts
+are the runtimes containers run through (`parts()`: podman.Podman, containerd.Containerd); each
+brings its faults and checks. At the end the generators and the faults stop, the run settles
+and is checked once more, every pod and container is removed and the node must hold nothing, the parts and the service are stopped, and the summary
 is printed (a markdown table) and written as JSON. Exit status 1 on any violation.
 """
 import argparse
@@ -24,6 +25,7 @@ from clock import ClockStep
 import node
 from containerd import Containerd
 from podman import Podman
+from pods import Pods, start_thread
 from workload import Workload
 
 
@@ -111,6 +113,8 @@ def arguments():
     p.add_argument("--max", type=int, required=True)
     p.add_argument("--fault-every", type=float, required=True)
     p.add_argument("--churn", type=float, required=True)
+    p.add_argument("--pods", required=True, help="LO-HI kubelet pods kept alive (0-0: none)")
+    p.add_argument("--run-id", required=True, help="8 hex digits in the kubelet's names")
     return p.parse_args()
 
 
@@ -124,6 +128,9 @@ def main():
     rng_work, rng_fault = random.Random(a.seed), random.Random(a.seed * 1_000_003 + 7)
     parts = make_parts(run, a)
     extra = {k: f for part, _ in parts for k, f in part.fault_kinds.items()}
+    pods = make_pods(run, a, parts[0][0].cmd)
+    if pods is not None:
+        extra |= pods.fault_kinds
     schedule = node.plan(rng_fault, seconds, a.fault_every, node.KINDS + list(extra) + ["clock-step"])
     run.log("parts: " + ", ".join(f"{p.name} {share:.0%}" for p, share in shares(parts)))
     run.log(f"faults planned: {len(schedule)}; the first: "
@@ -135,6 +142,8 @@ def main():
                        os.path.join(a.out, "service.log"), os.path.join(a.work, "state"),
                        lambda: checker.frozen_now())
     checker = checks.Checker(run, svc, work, 0.2)
+    if pods is not None:
+        checker.claim_check = pods.check
     clock = ClockStep(run, svc)
     extra["clock-step"] = clock.inject
     faults = node.Faults(run, svc, os.path.join(a.work, "state"), schedule, rng_fault, extra)
@@ -167,13 +176,25 @@ def main():
             stop_parts(parts)
             svc.stop()
             return 2
+    if pods is not None and not pods.start():
+        run.log(f"the kubelet's plugins did not start; see {a.work}/kubelet")
+        pods.stop()
+        stop_parts(parts)
+        svc.stop()
+        return 2
     for name in ("freezer", "checker", "workload", "faults"):
         threads[name].start()
+    if pods is not None:
+        threads["pods"] = start_thread(pods)
     stop.wait(seconds)
     run.log("the run is over: stopping the generator and the faults")
     faults.quit = work.quit = True
+    if pods is not None:
+        pods.quit = True
     threads["faults"].join(60)
     threads["workload"].join(180)
+    if pods is not None:
+        threads["pods"].join(180)
     svc.hold.clear()
     for _ in range(300):
         if svc.up and not svc.stopped:
@@ -183,7 +204,9 @@ def main():
     checker.quit = True
     threads["checker"].join(10)
     threads["freezer"].join(10)
-    end = final_checks(run, svc, work, checker)
+    end = final_checks(run, svc, work, checker, pods)
+    if pods is not None:
+        pods.stop()
     stop_parts(parts)
     svc.stop()
     run.log("service stopped (SIGTERM)")
@@ -191,7 +214,17 @@ def main():
     if os.path.exists(shim_log):
         shutil.copy(shim_log, os.path.join(a.out, "service-shim-started.log"))
     compared = checker.check_resources()
-    return summary(run, a, svc, work, faults, checker, end, compared)
+    return summary(run, a, svc, work, faults, checker, end, compared, pods)
+
+
+def make_pods(run, a, podman):
+    """The kubelet's pods (pods.py), with podman's command line `podman`, unless SOAK_PODS is
+    0-0."""
+    lo, hi = (int(x) for x in a.pods.split("-"))
+    if hi == 0:
+        return None
+    cpus = a.cpus if a.cpus != "none" else None
+    return Pods(run, a.work, a.bin, podman, a.rootfs, cpus, a.seed, lo, hi, 4 * a.churn, a.run_id)
 
 
 def make_parts(run, a):
@@ -214,7 +247,7 @@ def stop_parts(parts):
         part.stop()
 
 
-def final_checks(run, svc, work, checker):
+def final_checks(run, svc, work, checker, pods):
     """After the settle: the invariants once more, then every container removed and the node
     must hold nothing (no container, no reservation, all memory unreserved)."""
     end = {}
@@ -228,6 +261,9 @@ def final_checks(run, svc, work, checker):
     except (OSError, ValueError, KeyError) as e:
         run.violation("socket-error", f"final status: {e}")
         return end
+    if pods is not None:
+        pods.drain()
+        run.log("every kubelet pod removed, every allocation released")
     work.remove_all()
     run.log("every container removed; settling")
     time.sleep(checks.GONE_SETTLE)
@@ -267,7 +303,7 @@ def resource_ends(svc):
     return first[1:], lives[-1]["samples"][-1][1:]
 
 
-def summary(run, a, svc, work, faults, checker, end, compared):
+def summary(run, a, svc, work, faults, checker, end, compared, pods):
     by_kind = {}
     for v in run.violations:
         by_kind[v["kind"]] = by_kind.get(v["kind"], 0) + 1
@@ -286,6 +322,7 @@ def summary(run, a, svc, work, faults, checker, end, compared):
         ("service restarts", f"{svc.restarts} ({svc.failed_starts} failed starts, {svc.adopted} "
                              "services a shim started adopted)"),
         *[row for part, _ in work.parts for row in part.summary()],
+        *(pods.summary() if pods is not None else []),
         ("invariant checks", fmt(run.checks)),
         ("violations", fmt(by_kind)),
         ("service at start", res(start)), ("service at end", res(last)),

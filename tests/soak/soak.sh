@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # make soak: an hour of churn with faults injected, and invariants checked every second (issue #31).
 #
-# STEPS 1-2: PODMAN AND CONTAINERD, and a wall clock step. The DRA driver and the device plugin
-# (tests/soak/kubelet.py, checked alone by kubelet_check.sh; their fault: the driver restarted
-# mid-prepare) are not wired in yet.
+# Podman, containerd with the gpuplex shim, Kubernetes pods through the real DRA driver and
+# device plugin (a kubelet stand-in), and a wall clock step.
 #
 # As root on Debian 12: one node service (4 fake GPUs of 16Gi, slice 200ms, the cpu activity
 # source, state_dir on a small tmpfs) restarted within about a second whenever it dies, as
@@ -28,6 +27,8 @@
 #                     the busy loops leave the machine's load average readable (invariant 5)
 #   SOAK_CONTAINERD   the share of containers run through containerd (default 0.33; 0: podman
 #                     only, no containerd started, none of its faults)
+#   SOAK_PODS         LO-HI Kubernetes pods kept alive through the kubelet stand-in, the DRA
+#                     driver and the device plugin (pods.py; default 2-6; 0-0: none)
 #   SOAK_KEEP=1       keep the run's directory (/tmp/gpuplex-soak.*)
 #   SOAK_OUT          where soak.json, soak.log and service.log go (default target/soak/SEED-TIME)
 set -euo pipefail
@@ -45,6 +46,7 @@ churn=${SOAK_CHURN:-1.5}
 cpus=${SOAK_CPUS:-0.25}
 ctrd=${SOAK_CONTAINERD:-0.33}
 keep=${SOAK_KEEP:-0}
+pods=${SOAK_PODS:-2-6}
 
 positive() {
 	if ! [[ $2 =~ ^[0-9]+([.][0-9]+)?$ ]] || ! awk -v x="$2" 'BEGIN { exit !(x > 0) }'; then
@@ -68,10 +70,16 @@ fi
 { [ "$lo" -ge 1 ] && [ "$lo" -le "$hi" ] && [ "$hi" -le 200 ]; } ||
 	die "need 1 <= SOAK_MIN <= SOAK_MAX <= 200, not SOAK_MIN=$lo SOAK_MAX=$hi"
 [[ $keep =~ ^[01]$ ]] || die "SOAK_KEEP must be 0 or 1, not '$keep'"
+if ! [[ $pods =~ ^([0-9]{1,2})-([0-9]{1,2})$ ]] || [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+	die "SOAK_PODS must be LO-HI (0-0: no kubelet pods), not '$pods'"
+fi
+run_id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 [ "$(id -u)" = 0 ] || die "needs root: it runs podman containers and freezes their cgroups (sudo make soak)"
-for b in containerd-shim-gpuplex-v1 gpuplexctl gpuplex-hook; do
+for b in containerd-shim-gpuplex-v1 gpuplexctl gpuplex-hook gpuplex-dra; do
 	[ -x "$bin/$b" ] || die "$bin/$b is not built; run: cargo build --release --locked --bins"
 done
+[ "$pods" = 0-0 ] || [ -x "$bin/examples/kubelet-standin" ] ||
+	die "$bin/examples/kubelet-standin is not built; run: cargo build --release --locked -p gpuplex-dra --example kubelet-standin"
 needed="podman runc python3 busybox mount sha256sum"
 [ "$with_containerd" = 0 ] || needed="$needed containerd ctr"
 for c in $needed; do
@@ -81,7 +89,7 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || die "needs Pytho
 
 # The replay names every knob that is not at its default.
 replay="make soak SOAK_SEED=$seed SOAK_MINUTES=$minutes"
-for v in SOAK_MIN SOAK_MAX SOAK_FAULT_EVERY SOAK_CHURN SOAK_CPUS SOAK_CONTAINERD; do
+for v in SOAK_MIN SOAK_MAX SOAK_FAULT_EVERY SOAK_CHURN SOAK_CPUS SOAK_CONTAINERD SOAK_PODS; do
 	[ -z "${!v:-}" ] || replay="$replay $v=${!v}"
 done
 echo "make soak: seed $seed; replay with: $replay"
@@ -102,6 +110,12 @@ cleanup() {
 	local rc=$? pid d
 	set +e # the cleanup goes on whatever fails
 	python3 -B "$repo/tests/soak/clock.py" undo "$work" # a wall clock step a crash left
+	# The kubelet's plugins and stand-in (their command lines name the run's directory), then
+	# the CDI specs of the run's claims, and of allocations when no other gpuplex-dra runs.
+	pkill -TERM -f -- "$work/kubelet" 2>/dev/null && sleep 2
+	pkill -KILL -f -- "$work/kubelet" 2>/dev/null
+	rm -f /var/run/cdi/gpuplex.io-vgpu-"$run_id"-*.json /var/run/cdi/.gpuplex.io-vgpu-"$run_id"-*.json.tmp
+	pgrep -x gpuplex-dra >/dev/null || rm -f /var/run/cdi/gpuplex.io-vgpu-units-gpu-*.json
 	podman_ rm -a -f -t 0 >/dev/null 2>&1 || true
 	soak_containerd_cleanup
 	for f in service watchdog; do
@@ -167,5 +181,5 @@ trap '' INT TERM
 	exec python3 -B "$repo/tests/soak/soak.py" --work "$work" --bin "$bin" \
 		--podman-dir "$work/podman" --rootfs "$work/rootfs" --out "$out" --replay "$replay" \
 		--seed "$seed" --minutes "$minutes" --min "$lo" --max "$hi" --fault-every "$fault_every" \
-		--churn "$churn" --cpus "$cpus" --containerd "$ctrd"
+		--churn "$churn" --cpus "$cpus" --containerd "$ctrd" --pods "$pods" --run-id "$run_id"
 )
