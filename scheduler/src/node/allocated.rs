@@ -7,7 +7,10 @@
 //! The units say both: the kubelet gives a unit to one container at a time, so a new allocation
 //! holding any unit of an earlier one means the earlier one's pod is gone. [`Node::allocate`]
 //! releases such allocations first: pinned allocations never share a unit, and the memory they
-//! hold is never more than the units the kubelet counts. The same units allocated again (a
+//! hold is never more than the units the kubelet counts. An allocation that would not fit even
+//! then is refused before anything is released: a refusal changes nothing (released in memory
+//! but not told to the service, an earlier allocation's record would outlive it on disk and
+//! come back at a restart in the new one's place). The same units allocated again (a
 //! retry, an init container's units reused by the pod's next container) are the same vGPU.
 //!
 //! The pod's weight and priority are unknown at `Allocate`: its first container brings them
@@ -16,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::{is_pod_key, Attachment, Node, NodeError, ReleaseKey, Released};
+use crate::inventory::AssignError;
 use crate::request::{VgpuRequest, PREFIX, PRIORITY, WEIGHT};
 use crate::units::{self, UnitId};
 use crate::{Handle, Instant, VgpuId};
@@ -47,9 +51,8 @@ impl Node {
     /// again get the same vGPU, releasing nothing. Its container attaches with `handle` (the
     /// existing one's for the same units). Refused when the units are none, repeat, span GPUs or are not
     /// among those their GPU offers ([`units::check_offered`]: its limit in units of `unit`),
-    /// or when their memory does not fit the GPU (memory reserved outside the kubelet's count);
-    /// earlier allocations holding the units stay released then, as the kubelet has said they
-    /// are over.
+    /// or when their memory does not fit the GPU even with the allocations that hold them
+    /// released (memory reserved outside the kubelet's count); a refusal changes nothing.
     pub fn allocate(
         &mut self,
         units: &[UnitId],
@@ -79,6 +82,27 @@ impl Node {
             .filter(|r| r.units.iter().any(|u| asked.binary_search(u).is_ok()))
             .map(|r| r.id)
             .collect();
+        let gpu = placement.gpus.first().copied();
+        if let Some(g) = gpu.and_then(|g| self.inventory.gpu(g)).cloned() {
+            let freed: u64 = (over.iter().map(|v| &self.records[v].assignment))
+                .filter(|a| a.gpus.contains(&g.index))
+                .map(|a| a.memory.bytes_on(g.memory))
+                .sum();
+            let unreserved = self.inventory.unreserved(g.index).saturating_add(freed);
+            if placement.memory > unreserved {
+                // The id the refusal names is spent, as a reservation's is.
+                let vgpu = VgpuId(self.next_id);
+                self.next_id = self.next_id.checked_add(1).ok_or(NodeError::IdsExhausted)?;
+                return Err(NodeError::Assign(AssignError::OverCapacity {
+                    vgpu,
+                    gpu: g.index,
+                    model: g.model,
+                    capacity: g.memory,
+                    unreserved,
+                    needed: placement.memory,
+                }));
+            }
+        }
         let released = over
             .into_iter()
             .filter_map(|vgpu| self.release(&ReleaseKey::Vgpu(vgpu), now))

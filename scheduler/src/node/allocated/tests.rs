@@ -164,6 +164,34 @@ fn units_beyond_what_is_free_outside_the_kubelets_count_are_refused() {
 }
 
 #[test]
+fn an_allocation_that_would_not_fit_releases_nothing_and_one_that_fits_once_freed_does() {
+    let mut n = node();
+    // GPU 0 (40 GiB): an allocation of 2 GiB, 36 GiB outside the kubelet's count, 2 GiB free.
+    let old = n
+        .allocate(&units(0, 0..2), GIB, handle(1), at(0))
+        .unwrap()
+        .vgpu;
+    let outside = [("gpuplex.io/gpu-memory", "36Gi")];
+    let v = n.reserve(outside, handle(8), at(0)).unwrap().id;
+    assert_eq!(n.record(v).unwrap().assignment.gpus, vec![GpuIndex(1)]);
+    let v = n.reserve(outside, handle(9), at(0)).unwrap().id;
+    assert_eq!(n.record(v).unwrap().assignment.gpus, vec![GpuIndex(0)]);
+    // The kubelet gives unit gpu-0-0 again with five more: 6 GiB, 4 GiB once the old one goes.
+    let err = n
+        .allocate(&units(0, 0..6), GIB, handle(2), at(1))
+        .unwrap_err();
+    assert!(matches!(err, NodeError::Assign(_)), "{err}");
+    assert!(err.to_string().contains("4 GiB unreserved"), "{err}");
+    assert!(n.record(old).is_some(), "nothing released by a refusal");
+    assert_eq!(n.records().count(), 3);
+    // Four units, the old one's two among them: 4 GiB, which fits once it is released.
+    let done = n.allocate(&units(0, 0..4), GIB, handle(3), at(2)).unwrap();
+    assert_eq!(done.released.len(), 1);
+    assert_eq!(done.released[0].record.id, old);
+    assert!(n.record(old).is_none());
+}
+
+#[test]
 fn a_claim_cannot_take_an_allocations_key() {
     let mut n = node();
     let placement = crate::node::Placement {
