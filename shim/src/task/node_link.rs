@@ -1,6 +1,8 @@
 //! [`NodeLink`]: the shim's [`Node`] in production, the node service on its socket. The node
 //! service is started, as a daemon of this binary, the first time a container needs it and it
-//! is not running.
+//! is not running. A service that died leaves its socket behind, and whoever ran it (systemd's
+//! `Restart=`, one second later) starts it again: for [`RESTART_GRACE`] that one is waited for,
+//! not raced by a service of the shim's own, which would hold the node outside the unit.
 
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
@@ -19,6 +21,9 @@ use gpuplex_wire::stage::Stage;
 use gpuplex_wire::{NodeClient, NodePool};
 
 use super::vgpu::{Node, Reservation, Vgpu, VgpuError, SERVICE_START};
+
+/// How long a dead service's socket is given to answer again before the shim starts one.
+pub const RESTART_GRACE: Duration = Duration::from_secs(3);
 
 /// Where the node service is, and what this shim tells it.
 #[derive(Debug)]
@@ -80,7 +85,7 @@ impl NodeLink {
 
     /// Connects, or starts `containerd-shim-gpuplex-v1 serve` and waits for it to answer.
     fn ensure_service(&self, ctx: &HookContext) -> Result<(), VgpuError> {
-        if NodeClient::connect(&ctx.socket).is_ok() {
+        if NodeClient::connect(&ctx.socket).is_ok() || answers_again(&ctx.socket, RESTART_GRACE) {
             return Ok(());
         }
         let dir = ctx.socket.parent().unwrap_or(Path::new("/run/gpuplex"));
@@ -132,6 +137,22 @@ impl NodeLink {
             last,
         })
     }
+}
+
+/// Whether a socket left by a service that died (a socket file nobody answers on) answers
+/// again within `grace`: its supervisor restarts it. False at once where there is no socket
+/// file (no service ran, or it stopped and removed it).
+fn answers_again(socket: &Path, grace: Duration) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let left = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket());
+    let deadline = Instant::now() + grace;
+    while left(socket) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        if NodeClient::connect(socket).is_ok() {
+            return true;
+        }
+    }
+    false
 }
 
 impl Node for NodeLink {
@@ -191,5 +212,40 @@ impl Node for NodeLink {
 
     fn release_container(&self, id: &str) {
         self.release_by(&ReleaseKey::Container(id.to_owned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn a_dead_services_socket_is_given_time_to_answer_again_and_no_socket_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("gpuplex.sock");
+        let t0 = Instant::now();
+        assert!(!answers_again(&socket, Duration::from_secs(3)));
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "no socket file: no wait"
+        );
+
+        // A service killed with SIGKILL: its socket file stays, nobody answers.
+        drop(UnixListener::bind(&socket).unwrap());
+        let t0 = Instant::now();
+        assert!(!answers_again(&socket, Duration::from_millis(300)));
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+
+        // Its supervisor starts it again within the grace.
+        let again = socket.clone();
+        let restart = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            std::fs::remove_file(&again).unwrap();
+            let listener = UnixListener::bind(&again).unwrap();
+            let _ = listener.accept();
+        });
+        assert!(answers_again(&socket, Duration::from_secs(3)));
+        restart.join().unwrap();
     }
 }
