@@ -316,24 +316,6 @@ impl StateDir {
                 path: dir.to_path_buf(),
                 source,
             })?;
-        let copies = dir.join(COPIES);
-        let made = match fs::DirBuilder::new().mode(0o700).create(&copies) {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            other => other,
-        };
-        // Written into, so it must be a directory of its own, not a link to one elsewhere.
-        made.and_then(|()| match fs::symlink_metadata(&copies) {
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(std::io::Error::other(
-                "not a directory (remove it: gpuplex keeps its records' copies there)",
-            )),
-            Err(e) => Err(e),
-        })
-        .map_err(|source| StateError {
-            action: "create",
-            path: copies,
-            source,
-        })?;
         Ok(StateDir {
             dir: dir.to_path_buf(),
         })
@@ -353,8 +335,30 @@ impl StateDir {
         self.dir.join(format!("{vgpu}.json"))
     }
 
-    fn copy_of(&self, vgpu: VgpuId) -> PathBuf {
-        self.dir.join(COPIES).join(format!("{vgpu}.json"))
+    /// The copies' directory, made (mode 0700) when absent. Written into, so it must be a
+    /// directory of its own, not a link to one elsewhere: anything else there is refused. Only
+    /// saves need it: opening the state directory does not, so that the watchdog and `stop`
+    /// thaw whatever stands there.
+    fn copies(&self) -> Result<PathBuf, StateError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let copies = self.dir.join(COPIES);
+        let made = match fs::DirBuilder::new().mode(0o700).create(&copies) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        };
+        made.and_then(|()| match fs::symlink_metadata(&copies) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(std::io::Error::other(
+                "not a directory (remove it: gpuplex keeps its records' copies there)",
+            )),
+            Err(e) => Err(e),
+        })
+        .map_err(|source| StateError {
+            action: "create",
+            path: copies.clone(),
+            source,
+        })?;
+        Ok(copies)
     }
 
     /// Writes a record atomically (temporary file, flush, rename, flush the directory), then
@@ -368,14 +372,15 @@ impl StateDir {
         })?;
         let mut bytes = serde_json::to_vec_pretty(saved).expect("a record always serializes");
         bytes.push(b'\n');
+        let copies = self.copies()?;
         write_durably(&self.file_of(id), &bytes)?;
-        write_durably(&self.copy_of(id), &bytes)
+        write_durably(&copies.join(format!("{id}.json")), &bytes)
     }
 
     /// Removes a record, then its copy; an absent one is not an error.
     pub fn remove(&self, vgpu: VgpuId) -> Result<(), StateError> {
         remove_durably(&self.file_of(vgpu))?;
-        remove_durably(&self.copy_of(vgpu))
+        remove_durably(&self.copies()?.join(format!("{vgpu}.json")))
     }
 
     /// Writes the accounting: a temporary file renamed over the old one, not flushed to disk
@@ -492,8 +497,16 @@ impl StateDir {
     /// one without a record removed.
     pub fn load(&self) -> Result<Loaded, StateError> {
         let mut loaded = Loaded::default();
-        let copies = self.dir.join(COPIES);
-        for path in self.listing(&copies)? {
+        // Without a usable copies' directory the records are read alone.
+        let copies = self
+            .copies()
+            .inspect_err(|e| tracing::warn!("{e}; records are read without their copies"))
+            .ok();
+        let copies_now = match &copies {
+            Some(dir) => self.listing(dir)?,
+            None => Vec::new(),
+        };
+        for path in copies_now {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             let leftover = name.starts_with('.') && name.ends_with(".tmp");
             let orphan = fs::symlink_metadata(self.dir.join(name)).is_err();
@@ -511,34 +524,28 @@ impl StateDir {
             if !name.ends_with(".json") || name == ACCOUNTING || name == FROZEN {
                 continue;
             }
-            let copy = copies.join(name);
-            match (record_at(&path, name), record_at(&copy, name)) {
-                (Ok(saved), copied) => {
-                    if copied.as_ref().ok() != Some(&saved) {
-                        // Missing (a save cut short, a record of an older gpuplex) or stale.
-                        let line = match read_file(&path) {
-                            Ok(bytes) => write_durably(&copy, &bytes).map_err(|e| e.to_string()),
-                            Err(e) => Err(e.to_string()),
-                        };
-                        if let Err(e) = line {
+            let copy = copies.as_ref().map(|dir| dir.join(name));
+            let copied = match &copy {
+                Some(copy) => record_at(copy, name),
+                None => Err("no copies' directory".to_string()),
+            };
+            match (record_at(&path, name), copied) {
+                (Ok((saved, bytes)), copied) => {
+                    // Missing (a save cut short, a record of an older gpuplex) or stale.
+                    let stale = copied.map(|(c, _)| c).ok() != Some(saved.clone());
+                    if let (true, Some(copy)) = (stale, &copy) {
+                        if let Err(e) = write_durably(copy, &bytes) {
                             tracing::warn!("{}: cannot write its copy: {e}", path.display());
                         }
                     }
                     loaded.vgpus.push(saved);
                 }
-                (Err(why), Ok(saved)) => {
+                (Err(why), Ok((saved, bytes))) => {
                     let bad = path.with_extension("json.bad");
                     let _ = fs::rename(&path, &bad);
-                    let restored = read_file(&copy)
-                        .map_err(|source| StateError {
-                            action: "read",
-                            path: copy.clone(),
-                            source,
-                        })
-                        .and_then(|bytes| write_durably(&path, &bytes));
-                    let what = match restored {
+                    let what = match write_durably(&path, &bytes) {
                         Ok(()) => "restored it from its copy".to_string(),
-                        Err(e) => format!("read its copy ({e})"),
+                        Err(e) => format!("read its copy, but cannot write it back ({e})"),
                     };
                     let line = format!(
                         "{}: {why}; {what} (the unreadable file is kept as {})",
@@ -551,7 +558,9 @@ impl StateDir {
                 (Err(why), Err(copy_why)) => {
                     let bad = path.with_extension("json.bad");
                     let _ = fs::rename(&path, &bad);
-                    let _ = fs::rename(&copy, copy.with_extension("json.bad"));
+                    if let Some(copy) = &copy {
+                        let _ = fs::rename(copy, copy.with_extension("json.bad"));
+                    }
                     // One line: serde's messages quote field names as written.
                     let line = format!(
                         "{}: {why}; its copy: {copy_why} (set aside as {})",
@@ -579,16 +588,16 @@ impl StateDir {
 }
 
 /// The record in the file at `path`, which must be named `name` (`vgpu-<n>.json`) after the
-/// vGPU it holds; why not, in one line.
-fn record_at(path: &Path, name: &str) -> Result<SavedVgpu, String> {
-    read_file(path)
+/// vGPU it holds, and the file's bytes; why not, in one line.
+fn record_at(path: &Path, name: &str) -> Result<(SavedVgpu, Vec<u8>), String> {
+    let bytes = read_file(path).map_err(|e| e.to_string())?;
+    serde_json::from_slice::<SavedVgpu>(&bytes)
         .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice::<SavedVgpu>(&b).map_err(|e| e.to_string()))
         .and_then(|s| match s.format {
             FORMAT if s.vgpu.parse::<VgpuId>().is_err() => {
                 Err(format!("{:?} is not a vGPU id", s.vgpu))
             }
-            FORMAT if format!("{}.json", s.vgpu) == name => Ok(s),
+            FORMAT if format!("{}.json", s.vgpu) == name => Ok((s, bytes)),
             FORMAT => Err(format!("it holds {}, not what its name says", s.vgpu)),
             other => Err(format!(
                 "format {other} is not known (this gpuplex writes {FORMAT})"
@@ -755,6 +764,21 @@ mod tests {
     }
 
     #[test]
+    fn a_state_directory_without_copies_is_read_and_given_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        assert!(!dir.path().join(COPIES).exists(), "opening makes nothing");
+        fs::write(
+            dir.path().join("vgpu-1.json"),
+            serde_json::to_vec(&saved(1)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(state.load().unwrap().vgpus, vec![saved(1)]);
+        let copy = dir.path().join(COPIES).join("vgpu-1.json");
+        assert_eq!(record_at(&copy, "vgpu-1.json").unwrap().0, saved(1));
+    }
+
+    #[test]
     fn torn_and_foreign_files_are_set_aside_not_lost() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
@@ -854,8 +878,8 @@ mod tests {
         let loaded = state.load().unwrap();
         assert_eq!(loaded.vgpus, vec![saved(1), newer.clone()]);
         assert!(loaded.restored.is_empty() && loaded.unreadable.is_empty());
-        assert_eq!(record_at(&copy(1), "vgpu-1.json").unwrap(), saved(1));
-        assert_eq!(record_at(&copy(2), "vgpu-2.json").unwrap(), newer);
+        assert_eq!(record_at(&copy(1), "vgpu-1.json").unwrap().0, saved(1));
+        assert_eq!(record_at(&copy(2), "vgpu-2.json").unwrap().0, newer);
         assert!(
             !copy(3).exists(),
             "a released vGPU does not come back from its copy"
@@ -866,12 +890,25 @@ mod tests {
     }
 
     #[test]
-    fn a_link_in_place_of_the_copies_directory_is_refused() {
+    fn a_link_in_place_of_the_copies_directory_is_refused_by_saves_only() {
         let dir = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
+        fs::write(elsewhere.path().join("vgpu-1.json"), "{").unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(COPIES)).unwrap();
-        let line = StateDir::open(dir.path()).unwrap_err().to_string();
+        // Opened and read (the watchdog and `stop` thaw from here), nothing followed.
+        let state = StateDir::open(dir.path()).unwrap();
+        fs::write(dir.path().join("vgpu-1.json"), "{").unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.unreadable.len(), 1, "{:?}", loaded.unreadable);
+        assert!(loaded.restored.is_empty());
+        assert_eq!(
+            fs::read(elsewhere.path().join("vgpu-1.json")).unwrap(),
+            b"{"
+        );
+        // A save is refused in one line, naming the link.
+        let line = state.save(&saved(2)).unwrap_err().to_string();
         assert!(line.contains("copies") && !line.contains('\n'), "{line}");
+        assert!(!elsewhere.path().join("vgpu-2.json").exists());
         // A record named like one but a link: set aside with its copy missing, nothing followed.
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
