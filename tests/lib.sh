@@ -1,4 +1,4 @@
-# Shell fixtures shared by make demo (tests/demo.sh) and the hook benchmark (tests/bench_hook.sh):
+# Shell fixtures shared by make demo (tests/demo.sh), the benchmarks and make soak (tests/soak/):
 # the node service on one fake GPU, podman set up with gpuplex's hooks, a busybox rootfs.
 # Source it with $work (a scratch directory), $bin (the built binaries) and $repo set.
 # shellcheck shell=bash
@@ -33,6 +33,33 @@ gpuplex_start_service() {
 	echo "the node service did not start:" >&2
 	cat "$work/service.log" >&2
 	return 1
+}
+
+# gpuplex_four_gpus_config NAME MINOR: four fake GPUs of 16Gi (major 195, minors MINOR to
+# MINOR+3, UUIDs GPU-NAME-0..3) and $work/gpuplex.toml for them: slice 200ms, the cpu activity
+# source, high priority allowed outside Kubernetes and in the namespace "soak" (make soak and
+# its kubelet check).
+gpuplex_four_gpus_config() {
+	local name=$1 minor=$2 i
+	{
+		echo "[scheduler]"
+		echo 'slice = "200ms"'
+		echo "[policy]"
+		echo "high_priority_outside_kubernetes = true"
+		echo 'high_priority_namespaces = ["soak"]'
+		echo "[service]"
+		echo "socket = \"$work/gpuplex.sock\""
+		echo "state_dir = \"$work/state\""
+		echo 'activity = "cpu"'
+		for i in 0 1 2 3; do
+			mknod -m 666 "$work/fakegpu$i" c 195 $((minor + i))
+			echo "[[fake_gpu]]"
+			echo "uuid = \"GPU-$name-$i\""
+			echo "model = \"Fake $name GPU (no real GPU)\""
+			echo 'memory = "16Gi"'
+			echo "device = \"$work/fakegpu$i\""
+		done
+	} >"$work/gpuplex.toml"
 }
 
 # gpuplex_stop_service: SIGTERM (it thaws what it froze) and wait.

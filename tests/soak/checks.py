@@ -163,19 +163,15 @@ class Checker:
                 self.once("reservation-leak", r["vgpu"], f"reservation {r['vgpu']} on GPUs {r['gpus']} "
                           f"({r['memory']} bytes) unattached for {now - first:.0f}s")
         self.reservation_seen = {k: v for k, v in self.reservation_seen.items() if k in seen}
-        # A refused start's vGPU (named in its error) is released with the refusal; the node
-        # never gives the id a refusal named to another vGPU (it was once given to the next
-        # reservation: held by a live container of ours that started after, it is only noted).
-        owner = {s["vgpu"]: known.get(s["id"]) for s in status["containers"]}
+        # A refused start's vGPU (named in its error) is released with the refusal, and the
+        # node never gives the id a refusal named to another vGPU.
+        owner = {s["vgpu"] for s in status["containers"]}
         due = [x for x in self.work.refused_vgpus if final or now - x[0] > SETTLE]
         for t, vgpu in due:
             self.run.count_check("refusal-released")
-            c = owner.get(vgpu)
-            if c is not None and c.state == "live" and c.started_at and c.started_at > t - 1:
-                self.run.log(f"note: {vgpu}, named by a refusal, is now {c.describe()}'s")
-            elif vgpu in seen or vgpu in owner:
-                self.once("refusal-left-vgpu", vgpu, f"{vgpu} is still held {now - t:.0f}s after "
-                          "its container was refused")
+            if vgpu in seen or vgpu in owner:
+                self.once("refusal-left-vgpu", vgpu, f"{vgpu} is held {now - t:.0f}s after a "
+                          "refusal named it")
             self.work.refused_vgpus.remove((t, vgpu))
         self.unknown_seen = {k: v for k, v in self.unknown_seen.items() if k in by_id}
         # 3. memory: per GPU, what the node holds against what the live containers asked.

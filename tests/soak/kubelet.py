@@ -44,11 +44,12 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
 import uuid
+
+from node import alive, request
 
 GiB = 1 << 30
 CDI_DIR = "/var/run/cdi"  # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi
@@ -66,27 +67,9 @@ class KubeletError(Exception):
     """A step the kubelet could not take: one line."""
 
 
-def node_request(path, line, timeout=5.0):
-    """One request line on the node socket: its reply as a dict."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(line.encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                raise OSError("the node service closed the connection without a reply")
-            buf += chunk
-    return json.loads(buf)
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, TypeError, IndexError):
-        return False
+def node_request(path, line):
+    """One request line on the node socket: its reply as a dict (node.request's)."""
+    return request(path, line)[0]
 
 
 class StandIn:
@@ -231,7 +214,7 @@ class PodContainer:
                     return False
         except (OSError, TypeError):
             return False
-        return pid_alive(self.pid)
+        return alive(self.pid)
 
 
 class ClaimPod:
@@ -846,11 +829,11 @@ class Kubelet:
                                      f"{e['memory']} bytes on GPUs {e['gpus']}, not {memory} on {gpus}"))
                     break
             for cid, pid in containers.items():
-                alive = pid_alive(pid)
-                if alive and cid not in attached:
+                runs = alive(pid)
+                if runs and cid not in attached:
                     problems.append(("container-unattached", cid, f"{label}: container {cid[:12]} "
                                      f"(pid {pid}) runs but the node has it attached to nothing"))
-                elif alive and attached[cid]["vgpu"] not in vgpus:
+                elif runs and attached[cid]["vgpu"] not in vgpus:
                     problems.append(("container-elsewhere", cid, f"{label}: container {cid[:12]} "
                                      f"is attached to {attached[cid]['vgpu']}, not {sorted(vgpus)}"))
 

@@ -73,25 +73,7 @@ trap 'exit 130' INT TERM
 # Four fake GPUs (character devices with the NVIDIA major), the configuration, podman with
 # gpuplex's hooks (as the soak runs it), a busybox rootfs; the node service.
 mkdir -p "$work/state"
-{
-	echo "[scheduler]"
-	echo 'slice = "200ms"'
-	echo "[policy]"
-	echo "high_priority_outside_kubernetes = true"
-	echo 'high_priority_namespaces = ["soak"]'
-	echo "[service]"
-	echo "socket = \"$work/gpuplex.sock\""
-	echo "state_dir = \"$work/state\""
-	echo 'activity = "cpu"'
-	for i in 0 1 2 3; do
-		mknod -m 666 "$work/fakegpu$i" c 195 $((244 + i))
-		echo "[[fake_gpu]]"
-		echo "uuid = \"GPU-kcheck-$i\""
-		echo 'model = "Fake check GPU (no real GPU)"'
-		echo 'memory = "16Gi"'
-		echo "device = \"$work/fakegpu$i\""
-	done
-} >"$work/gpuplex.toml"
+gpuplex_four_gpus_config kcheck 244
 gpuplex_podman_setup "$work/podman" hooks
 gpuplex_busybox_rootfs "$work/rootfs" sh sleep ls cat
 "$bin/containerd-shim-gpuplex-v1" serve --config "$work/gpuplex.toml" >"$work/service.log" 2>&1 &

@@ -46,7 +46,7 @@ def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+    except (OSError, TypeError, IndexError):
         return False
 
 

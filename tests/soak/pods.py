@@ -14,7 +14,7 @@ import random
 import threading
 import time
 
-from kubelet import REFUSED, Kubelet, KubeletError
+from kubelet import REFUSED, ClaimPod, Kubelet, KubeletError
 
 
 class Pods:
@@ -85,7 +85,7 @@ class Pods:
         t0 = self.run.now()
         k = self.kubelet
         try:
-            if hasattr(pod, "uid"):
+            if isinstance(pod, ClaimPod):
                 k.remove_claim_pod(pod)
             else:
                 k.release_pod(pod)

@@ -157,6 +157,15 @@ def main():
         stop.set()
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # A thread of the run that dies (the checker, a generator) would leave the run checking
+    # nothing and passing: its death is a violation, and the traceback is printed as usual.
+    default_hook = threading.excepthook
+
+    def on_thread_death(args):
+        default_hook(args)
+        name = args.thread.name if args.thread else "?"
+        run.violation("harness", f"thread {name} died: {args.exc_type.__name__}: {args.exc_value}")
+    threading.excepthook = on_thread_death
 
     threads = {name: threading.Thread(target=f, name=name, daemon=True) for name, f in [
         ("service", svc.supervise), ("freezer", checker.sample_freezer), ("checker", checker.loop),

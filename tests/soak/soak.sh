@@ -152,24 +152,7 @@ trap 'exit 130' INT TERM
 ls -d /run/containerd /run/containerd/s /run/containerd/runc >"$work/run-dirs-before.txt" 2>/dev/null || true
 mkdir -p "$work/state"
 mount -t tmpfs -o size=1m,mode=0700 gpuplex-soak-state "$work/state"
-{
-	echo "[scheduler]"
-	echo 'slice = "200ms"'
-	echo "[policy]"
-	echo "high_priority_outside_kubernetes = true"
-	echo "[service]"
-	echo "socket = \"$work/gpuplex.sock\""
-	echo "state_dir = \"$work/state\""
-	echo 'activity = "cpu"'
-	for i in 0 1 2 3; do
-		mknod -m 666 "$work/fakegpu$i" c 195 $((240 + i))
-		echo "[[fake_gpu]]"
-		echo "uuid = \"GPU-soak-$i\""
-		echo 'model = "Fake soak GPU (no real GPU)"'
-		echo 'memory = "16Gi"'
-		echo "device = \"$work/fakegpu$i\""
-	done
-} >"$work/gpuplex.toml"
+gpuplex_four_gpus_config soak 240
 gpuplex_podman_setup "$work/podman" hooks
 gpuplex_busybox_rootfs "$work/rootfs" sh sleep
 
