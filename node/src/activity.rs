@@ -71,28 +71,53 @@ pub fn nvml_has_work(
         .any(|set| pids.iter().any(|p| set.contains(p)))
 }
 
-/// What an NVML sample says of a container: work, no work, or nothing (`None`).
+/// What a sample says of a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// It has work.
+    Work,
+    /// It has none.
+    NoWork,
+    /// It was thawed too recently for the source to have seen it: the work it was thawed for
+    /// is kept ([`gpuplex_scheduler::Node::observe_unseen`]).
+    NotYet,
+}
+
+impl Observation {
+    /// `Work` or `NoWork`.
+    pub fn from_work(work: bool) -> Observation {
+        if work {
+            Observation::Work
+        } else {
+            Observation::NoWork
+        }
+    }
+}
+
+/// What an NVML sample says of a container: work, no work, not yet, or nothing (`None`).
 ///
 /// - `busy`: one of its processes is among its GPUs' busy ones: work.
+/// - NVML trails the GPU by `lag` (its samples come every 1/6 s to 1 s), so a container thawed
+///   less than `lag` ago that is not named may simply not have been sampled since: not yet.
+///   Its window must not end for want of a sample that could not have come (on an H200 the
+///   driver samples every 200 ms, and a window's work lapsed `idle_grace`, 100 ms, after the
+///   thaw: the holder stayed thawed as "idle" beside the next one).
 /// - `others_busy`: another process is busy on one of its GPUs, and none of its own: nothing.
 ///   The driver names one process per sample (seen on an H200, driver 580: with three processes
 ///   running at once, each 200 ms sample named one of them), so not being named beside a busy
 ///   process says nothing about a container. Only a GPU whose samples name nobody busy shows
 ///   that its containers have no work.
-/// - NVML trails the GPU by `lag` (its samples come every 1/6 s to 1 s), so a container thawed
-///   less than `lag` ago that shows no work may simply not have been sampled since: nothing,
-///   rather than a "no work" that would end its new window at once.
 pub fn nvml_observation(
     busy: bool,
     others_busy: bool,
     since_thaw: Option<Duration>,
     lag: Duration,
-) -> Option<bool> {
+) -> Option<Observation> {
     match (busy, since_thaw) {
-        (true, _) => Some(true),
+        (true, _) => Some(Observation::Work),
+        (false, Some(since)) if since < lag => Some(Observation::NotYet),
         _ if others_busy => None,
-        (false, Some(since)) if since < lag => None,
-        (false, _) => Some(false),
+        (false, _) => Some(Observation::NoWork),
     }
 }
 
@@ -143,11 +168,13 @@ impl ActivitySampler {
         hierarchies: &Hierarchies,
         nvml: Option<&mut NvmlGpus>,
         now: Instant,
-    ) -> Vec<(VgpuId, bool)> {
+    ) -> Vec<(VgpuId, Observation)> {
         let sampled: HashSet<VgpuId> = watched.iter().map(|w| w.vgpu).collect();
         self.last_cpu.retain(|v, _| sampled.contains(v));
         match self.source {
-            ActivitySource::Always => watched.iter().map(|w| (w.vgpu, true)).collect(),
+            ActivitySource::Always => (watched.iter())
+                .map(|w| (w.vgpu, Observation::Work))
+                .collect(),
             ActivitySource::Cpu => watched
                 .iter_mut()
                 .filter_map(|w| {
@@ -160,10 +187,8 @@ impl ActivitySampler {
                     let count = w.readers.len();
                     let previous = self.last_cpu.insert(w.vgpu, (used, now, count));
                     let (before, at, _) = previous.filter(|p| p.2 == count)?;
-                    Some((
-                        w.vgpu,
-                        cpu_has_work(used.saturating_sub(before), now.duration_since(at)),
-                    ))
+                    let work = cpu_has_work(used.saturating_sub(before), now.duration_since(at));
+                    Some((w.vgpu, Observation::from_work(work)))
                 })
                 .collect(),
             ActivitySource::Nvml => {
@@ -277,33 +302,41 @@ mod tests {
     }
 
     #[test]
-    fn a_container_just_thawed_is_not_idle_before_nvml_could_see_it() {
+    fn a_container_just_thawed_keeps_its_work_until_nvml_could_see_it() {
+        use Observation::*;
         let ms = Duration::from_millis;
-        for (busy, since_thaw, lag, observation) in [
-            (true, Some(ms(10)), ms(400), Some(true)),
-            (false, Some(ms(10)), ms(400), None),
-            (false, Some(ms(400)), ms(400), Some(false)),
-            (false, None, ms(400), Some(false)),
-            (false, Some(ms(0)), ms(0), Some(false)),
+        for (busy, others_busy, since_thaw, lag, observation) in [
+            (true, false, Some(ms(10)), ms(400), Some(Work)),
+            // Not named yet, whoever else is: too soon to tell, so its work is kept.
+            (false, false, Some(ms(10)), ms(400), Some(NotYet)),
+            (false, true, Some(ms(10)), ms(400), Some(NotYet)),
+            (false, true, Some(ms(399)), ms(400), Some(NotYet)),
+            // Long enough: nobody busy is no work; another busy is nothing.
+            (false, false, Some(ms(400)), ms(400), Some(NoWork)),
+            (false, true, Some(ms(400)), ms(400), None),
+            (false, false, None, ms(400), Some(NoWork)),
+            (false, false, Some(ms(0)), ms(0), Some(NoWork)),
         ] {
             assert_eq!(
-                nvml_observation(busy, false, since_thaw, lag),
+                nvml_observation(busy, others_busy, since_thaw, lag),
                 observation,
-                "busy {busy}, thawed {since_thaw:?} ago, lag {lag:?}"
+                "busy {busy}, others busy {others_busy}, thawed {since_thaw:?} ago, lag {lag:?}"
             );
         }
     }
 
     #[test]
     fn not_being_named_beside_a_busy_process_says_nothing() {
+        use Observation::*;
         let ms = Duration::from_millis;
         // Its own process busy: work, whoever else is.
-        assert_eq!(nvml_observation(true, true, None, ms(400)), Some(true));
-        // Another container's process busy, none of its own: no observation, thawed or not.
+        assert_eq!(nvml_observation(true, true, None, ms(400)), Some(Work));
+        // Another container's process busy, none of its own: no observation once it could
+        // have been seen.
         assert_eq!(nvml_observation(false, true, None, ms(400)), None);
         assert_eq!(nvml_observation(false, true, Some(ms(900)), ms(400)), None);
         // Nobody busy on its GPUs: no work.
-        assert_eq!(nvml_observation(false, false, None, ms(400)), Some(false));
+        assert_eq!(nvml_observation(false, false, None, ms(400)), Some(NoWork));
     }
 
     #[test]
@@ -324,7 +357,7 @@ mod tests {
         let h = Hierarchies::from_mountinfo("");
         assert_eq!(
             sampler.sample(&mut watched, &h, None, Instant::now()),
-            vec![(VgpuId(1), true)]
+            vec![(VgpuId(1), Observation::Work)]
         );
         // The cpu source has nothing to compare the first reading with (and here nothing to
         // read): no observation rather than a guess.

@@ -614,6 +614,11 @@ impl Node {
         self.windows.observe(vgpu, has_work, now)
     }
 
+    /// Records a sample that cannot tell yet (see [`WindowScheduler::observe_unseen`]).
+    pub fn observe_unseen(&mut self, vgpu: VgpuId, now: Instant) -> bool {
+        self.windows.observe_unseen(vgpu, now)
+    }
+
     /// Decides who runs now, and lets lapsed reservations go.
     pub fn decide(&mut self, now: Instant) -> NodeDecision {
         let ttl = self.config.reservation_ttl;

@@ -6,7 +6,7 @@ use super::repeated::Say;
 use gpuplex_scheduler::VgpuId;
 
 use super::{Service, ACCOUNTING_CHECKPOINT, EXIT_SWEEP, STOP_CHECK};
-use crate::activity::Watched;
+use crate::activity::{Observation, Watched};
 use crate::gpus::GpuSource;
 use crate::state::{SavedAccounting, SavedGpuAccounting, SavedVgpuAccounting};
 
@@ -87,8 +87,13 @@ impl Service {
         );
         drop(watched);
         let now = self.now();
-        for (vgpu, has_work) in samples {
-            self.registry.node_mut().observe(vgpu, has_work, now);
+        let node = self.registry.node_mut();
+        for (vgpu, observed) in samples {
+            match observed {
+                Observation::Work => node.observe(vgpu, true, now),
+                Observation::NoWork => node.observe(vgpu, false, now),
+                Observation::NotYet => node.observe_unseen(vgpu, now),
+            };
         }
         if self.last_checkpoint.elapsed() >= ACCOUNTING_CHECKPOINT {
             self.checkpoint();

@@ -347,6 +347,26 @@ impl WindowScheduler {
         true
     }
 
+    /// Records a sample that cannot tell yet: the activity source has not had time to see
+    /// `vgpu` since the scheduler thawed it (NVML names a process only in its next driver
+    /// sample, up to two sampling periods later). The work it had when thawed, which is why it
+    /// was thawed, is kept as if the sample had shown it, so that its window does not lapse
+    /// `idle_grace` into it for want of a sample that could not come yet. Nothing changes for a
+    /// vGPU the scheduler did not thaw, one with no work or one whose first sample since has
+    /// come. The caller bounds how long it says so (NVML: the source's lag). Returns false for
+    /// an unknown vGPU.
+    pub fn observe_unseen(&mut self, vgpu: VgpuId, now: Instant) -> bool {
+        let now = self.advance(now);
+        let Some(state) = self.vgpus.get_mut(&vgpu) else {
+            return false;
+        };
+        let keeps = !state.frozen && !state.held && state.stopping.is_none();
+        if keeps && state.has_work && state.thawed_at.is_some() {
+            state.last_work = now;
+        }
+        true
+    }
+
     /// Holds a vGPU (`held`: its user paused its container) or releases its hold (its user
     /// resumed it). Returns false for an unknown vGPU; holding a held one, or releasing one that
     /// is not held, changes nothing.

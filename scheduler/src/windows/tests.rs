@@ -578,6 +578,75 @@ fn a_thawed_vgpu_whose_first_sample_shows_no_work_passes_its_window_at_once() {
     assert!(!n.s.vgpu(v(2)).unwrap().has_work);
 }
 
+/// An activity source that sees a thawed vGPU only some time after the thaw (NVML: up to two
+/// driver samples, 400 ms on an H200) says "not yet" meanwhile: the work the vGPU was thawed
+/// for is kept past `idle_grace`, so its window does not lapse into a thawed "idle" vGPU that
+/// runs on beside the next holder.
+#[test]
+fn a_thawed_vgpu_not_seen_yet_keeps_its_work_and_its_window() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    for t in (100..250).step_by(50) {
+        n.sample(t, &[1]);
+    }
+    assert_eq!(n.frozen(), vec![1], "2 was thawed at 200 ms");
+    // Not seen yet, for longer than idle_grace: 2 keeps its work and its window (one slice,
+    // to 400 ms).
+    for t in (250..400).step_by(50) {
+        n.s.observe_unseen(v(2), at(t));
+        n.s.observe(v(1), false, at(t)); // frozen: ignored
+        n.decide(t);
+        assert_eq!(n.frozen(), vec![1], "at {t} ms");
+        assert!(n.s.vgpu(v(2)).unwrap().has_work, "at {t} ms");
+    }
+    // Its first real sample decides: no work passes the window on at once.
+    let d = n.sample(375, &[]);
+    assert_eq!(d.actions, vec![Action::Thaw(v(1))]);
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+    // Without the "not yet", the window lapses idle_grace after the thaw, and 2 is left
+    // running as an idle vGPU, which it may not be.
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    n.sample(50, &[1, 2]);
+    for t in (100..250).step_by(50) {
+        n.sample(t, &[1]);
+    }
+    n.decide(250);
+    let d = n.decide(300);
+    assert_eq!(d.actions, vec![Action::Thaw(v(1))]);
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+}
+
+/// "Not yet" keeps only work the scheduler thawed a vGPU for: not for one running without work,
+/// one its user resumed, a frozen one, or one whose first sample since its thaw came.
+#[test]
+fn not_yet_gives_no_work_to_a_vgpu_that_had_none() {
+    let mut n = Node::new(1);
+    n.bind(1, &[0], 1, Priority::Normal);
+    n.bind(2, &[0], 1, Priority::Normal);
+    n.sample(0, &[1]);
+    // 2 runs without work: "not yet" is nothing.
+    assert!(n.s.observe_unseen(v(2), at(10)));
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+    // Resumed by its user: nothing either.
+    n.hold(2, true, 20);
+    n.hold(2, false, 30);
+    n.s.observe_unseen(v(2), at(40));
+    assert!(!n.s.vgpu(v(2)).unwrap().has_work);
+    // 1 has had its first sample since it began: its work lapses idle_grace after it.
+    for t in (50..200).step_by(50) {
+        n.s.observe_unseen(v(1), at(t));
+        n.decide(t);
+    }
+    assert!(!n.s.vgpu(v(1)).unwrap().has_work);
+    assert!(!n.s.observe_unseen(v(9), at(200)), "unknown vGPU");
+}
+
 #[test]
 fn time_nobody_else_could_use_is_not_paid_back_by_waiting() {
     // GPU 2 is shared by a weight-1 vGPU and two multi-GPU ones that often wait for GPU 0. While
