@@ -120,6 +120,34 @@ def switches(traces, t0, t1, min_run=3):
     return handovers, resumes
 
 
+def overlap(directory, t0, t1):
+    """From record.py's logs, between t0 and t1: the seconds during which two or more loop
+    cgroups were not frozen at once, and how many times the service turned a running container
+    idle (every loop has work during the shares, so each is a lapse). None without the logs."""
+    cgroups, states = os.path.join(directory, "cgroups.log"), os.path.join(directory, "states.log")
+    if not (os.path.exists(cgroups) and os.path.exists(states)):
+        return None
+    polls = {}  # time -> {cgroup: frozen}
+    with open(cgroups) as f:
+        for line in f:
+            t, name, state = line.split()
+            if t0 <= float(t) <= t1:
+                polls.setdefault(float(t), {})[name] = state
+    times = sorted(polls)
+    names = set(n for p in polls.values() for n in p)
+    apart = sum(b - a for a, b in zip(times, times[1:])
+                if len(polls[a]) == len(names) and list(polls[a].values()).count("0") >= 2)
+    lapses, before = 0, {}
+    with open(states) as f:
+        for line in f:
+            t, _, containers = json.loads(line)
+            now = {c[0]: c[1] for c in containers}
+            if t0 <= t <= t1:
+                lapses += sum(1 for c, state in now.items() if state == "idle" and before.get(c) == "running")
+            before = now
+    return apart, lapses
+
+
 def batch_time(trace_rows, t0, t1):
     """Median time between two completions of one loop running alone between t0 and t1."""
     times = [row[0] for row in trace_rows if t0 <= row[0] <= t1]
@@ -278,6 +306,10 @@ def report(directory):
             "%s / %s" % (fmt(ms(percentile(handovers, 50)), "%.1f"), fmt(ms(percentile(handovers, 99)), "%.1f", " ms")))
         row("  resume A last -> B fresh batch (p50 / p99)",
             "%s / %s" % (fmt(ms(percentile(resumes, 50)), "%.1f"), fmt(ms(percentile(resumes, 99)), "%.1f", " ms")))
+        recorded = overlap(d("record"), t0, t1)
+        if recorded:
+            row("  two or more loops not frozen at once", "%.2f s of %.0f" % (recorded[0], t1 - t0))
+            row("  a loop with work turned idle", "%d times" % recorded[1])
 
     # 4. Fail open.
     states = read_pairs(d("failopen"))

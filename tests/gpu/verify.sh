@@ -66,6 +66,7 @@ TMP=$(mktemp -d /tmp/gpuplex-verify.XXXXXX)
 mkdir -p "$TMP/state"
 SOCK=$TMP/gpuplex.sock
 SERVICE_PID=
+RECORDER_PID=
 declare -a LOOP_IDS=() LOOP_PIDS=() CGROUPS=() PODMAN=()
 
 # ---- Cleanup: always, on every exit ----------------------------------------------------------
@@ -78,6 +79,7 @@ freeze_state() {
 cleanup() {
     local rc=$? cg pid i
     trap - EXIT INT TERM
+    stop_recorder
     if [[ -n $SERVICE_PID ]] && kill -0 "$SERVICE_PID" 2>/dev/null; then
         kill -TERM "$SERVICE_PID" 2>/dev/null || true
         for _ in $(seq 50); do kill -0 "$SERVICE_PID" 2>/dev/null || break; sleep 0.1; done
@@ -117,6 +119,13 @@ fail_setup() {
 }
 
 ctl() { "$CTL" --socket "$SOCK" "$@"; }
+stop_recorder() {
+    [[ -n $RECORDER_PID ]] || return 0
+    touch "$TMP/record.stop"
+    for _ in $(seq 50); do kill -0 "$RECORDER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$RECORDER_PID" 2>/dev/null || true
+    RECORDER_PID=
+}
 status_json() { ctl status -o json; }
 check() { echo "$*" >>"$TMP/checks"; } # name PASS|FAIL detail...
 snapshot() { # file: the status document now
@@ -233,6 +242,11 @@ if "$PYTHON" -c 'import json,sys; d=json.load(sys.stdin); g={tuple(c["gpus"]) fo
 else
     check same_gpu FAIL "the loops are not all bound to GPU 0 alone (see $TMP/status-registered.json)"
 fi
+# From here to the end of the shares, record.py writes the cgroups' freezer states, the
+# service's container states and NVML's raw samples under $TMP/record (see record.py).
+"$PYTHON" "$HERE/record.py" --ctl "$CTL" --socket "$SOCK" --out "$TMP/record" \
+    --stop "$TMP/record.stop" "${CGROUPS[@]}" >"$TMP/record.err" 2>&1 &
+RECORDER_PID=$!
 for _ in 1 2 3; do
     detect start loop2
     sleep 1
@@ -251,6 +265,7 @@ phase shares "$t0" "$t1"
 for id in "${LOOP_IDS[@]}"; do rm -f "$TMP/$id.gate"; done
 sleep 1
 snapshot status-final.json
+stop_recorder
 
 # ---- 6. A podman container with a vGPU sees exactly its GPU ----------------------------------
 # gpuplex's podman hooks (config/hooks.d, run against this service) on a container whose root is
