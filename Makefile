@@ -216,6 +216,7 @@ install: build
 	mkdir -p $(DESTDIR)/etc/systemd/system
 	sed 's|/usr/bin/containerd-shim-gpuplex-v1|$(PREFIX)/bin/containerd-shim-gpuplex-v1|' config/gpuplex.service \
 		> $(DESTDIR)/etc/systemd/system/gpuplex.service
+	install -m 0644 config/gpuplex.socket $(DESTDIR)/etc/systemd/system/gpuplex.socket
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \
 	else \

@@ -2,6 +2,9 @@
 
 `Service` plays systemd's `Restart=always`: it starts `containerd-shim-gpuplex-v1 serve`, and
 whenever the process dies it restarts it `RESTART_DELAY` seconds later, logging each restart.
+It also plays `gpuplex.socket`: it listens on the node socket itself, from the start to the end
+of the run, and passes it to every service it starts (fd 3, `LISTEN_FDS`, `LISTEN_PID`), so that
+a request sent while the service is down waits for the next one, as under systemd.
 Just before a restart it checks the fail-open rule: a service gone for a second has left no
 container frozen (unless its watchdog was killed with it: then the next start thaws).
 The containerd shim starts a service itself when a container asks for a vGPU and none answers
@@ -41,6 +44,20 @@ def request(path, line, timeout=5.0):
     return json.loads(buf), time.monotonic() - t
 
 
+def listen(path):
+    """The node socket, listening, mode 0600, as systemd makes it for gpuplex.socket."""
+    if os.path.exists(path):
+        os.unlink(path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        s.bind(path)
+    finally:
+        os.umask(old)
+    s.listen(128)
+    return s
+
+
 def alive(pid):
     """Whether pid is a live process (not a zombie)."""
     try:
@@ -72,6 +89,7 @@ class Service:
         self.adopted = 0  # services a shim started that the supervisor took over
         self.lifetimes = []  # {"pid", "start", "end", "samples": [(t, n, fds, threads, rss_kb)]}
         self.log_offset = 0
+        self.listener = None  # the node socket, listened on as gpuplex.socket does
 
     def start(self):
         """Starts the service and waits (10 s at most) for its socket to answer; or adopts the
@@ -81,11 +99,16 @@ class Service:
             self.adopt(holder)
             return
         self.log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        if self.listener is None:
+            self.listener = listen(self.socket)
+        fd = self.listener.fileno()
+        # The shell exports its own pid (the service's, after exec) and moves the socket to fd 3.
+        activate = f'export LISTEN_PID=$$ LISTEN_FDS=1; exec "$@" 3<&{fd} {fd}<&-'
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "serve", "--config", self.config],
+                ["sh", "-c", activate, "sh", self.binary, "serve", "--config", self.config],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env=dict(os.environ, NO_COLOR="1"))
+                pass_fds=(fd,), env=dict(os.environ, NO_COLOR="1"))
         self.pid = self.proc.pid
         self.dead.clear()
         self.run.write_file("service.pid", str(self.pid))
@@ -296,6 +319,9 @@ class Service:
         if self.lifetimes and self.lifetimes[-1]["end"] is None:
             self.lifetimes[-1]["end"] = self.run.now()
         self.up = False
+        if self.listener is not None:  # gpuplex.socket stopped: no one waits any more
+            self.listener.close()
+            self.listener = None
 
 
 def describe(code):

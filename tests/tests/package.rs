@@ -30,6 +30,8 @@ const CONFFILE: &str = "/etc/gpuplex/gpuplex.toml";
 const HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 const UNIT: &str = "/usr/lib/systemd/system/gpuplex.service";
 const ENABLED: &str = "/etc/systemd/system/multi-user.target.wants/gpuplex.service";
+const SOCKET_UNIT: &str = "/usr/lib/systemd/system/gpuplex.socket";
+const SOCKET_ENABLED: &str = "/etc/systemd/system/sockets.target.wants/gpuplex.socket";
 const SOCKET: &str = "/run/gpuplex/gpuplex.sock";
 
 /// Runs `command` with no input; its output.
@@ -219,6 +221,7 @@ fn the_debian_package_installs_runs_containerd_and_podman_and_removes_cleanly() 
     for path in [
         CONFFILE,
         UNIT,
+        SOCKET_UNIT,
         "/usr/share/gpuplex/containerd/config-v2.toml",
         "/usr/share/gpuplex/containerd/config-v3.toml",
         "/usr/share/gpuplex/runc-hooks.json",
@@ -234,9 +237,17 @@ fn the_debian_package_installs_runs_containerd_and_podman_and_removes_cleanly() 
         exec_start(),
         ["/usr/bin/containerd-shim-gpuplex-v1", "serve"]
     );
+    for enabled in [ENABLED, SOCKET_ENABLED] {
+        assert!(
+            std::fs::symlink_metadata(enabled).is_ok(),
+            "{enabled}: not enabled"
+        );
+    }
+    // The socket unit listens where the service's default `service.socket` is.
+    let socket_unit = std::fs::read_to_string(SOCKET_UNIT).unwrap();
     assert!(
-        std::fs::symlink_metadata(ENABLED).is_ok(),
-        "{ENABLED}: not enabled"
+        socket_unit.contains("ListenStream=/run/gpuplex/gpuplex.sock"),
+        "{socket_unit}"
     );
     // podman's hooks call the installed hook, and gpuplexctl knows them as its own.
     for stage in ["precreate", "createRuntime", "poststop"] {
@@ -366,6 +377,8 @@ fn the_debian_package_installs_runs_containerd_and_podman_and_removes_cleanly() 
         "/run/gpuplex",
         UNIT,
         ENABLED,
+        SOCKET_UNIT,
+        SOCKET_ENABLED,
         "/usr/share/gpuplex",
         HOOKS_DIR,
     ] {

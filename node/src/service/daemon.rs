@@ -31,17 +31,27 @@ pub fn serve(config: NodeConfig) -> Result<(), ServiceError> {
     // as any other does, once it can thaw, instead of killing it half-started.
     let (events, inbox) = mpsc::channel();
     spawn_signal_thread(events.clone())?;
+    // Taken (and made close-on-exec) before anything is started: the watchdog must not
+    // inherit systemd's socket.
+    let passed = socket::inherited(&config.service.socket)?;
     let mut service = Service::start(config)?;
     if let Some(watch) = &service.exit_watch {
         if let Err(e) = watch.spawn(events.clone()) {
             tracing::warn!("cannot watch exits ({e}): they are seen every {EXIT_SWEEP:?}");
         }
     }
-    let socket = socket::bind(&service.config.service.socket)?;
-    tracing::info!(
-        "listening on {} (mode 0600)",
-        service.config.service.socket.display()
-    );
+    let path = &service.config.service.socket;
+    let socket = match passed {
+        Some(passed) => {
+            tracing::info!("listening on {} (passed by systemd)", path.display());
+            passed
+        }
+        None => {
+            let bound = socket::bind(path)?;
+            tracing::info!("listening on {} (mode 0600)", path.display());
+            bound
+        }
+    };
     if !service.config.service.metrics_listen.is_empty() {
         let address = service.config.service.metrics_listen.clone();
         let listener =

@@ -60,6 +60,58 @@ pub const MAX_WATCHERS: usize = 16;
 /// At most this many of them from one peer process.
 pub const MAX_WATCHERS_PER_PEER: usize = 4;
 
+/// The listening socket systemd passed (socket activation: `gpuplex.socket`), if it passed one:
+/// the first of `LISTEN_FDS` when `LISTEN_PID` is this process. It must be a listening Unix
+/// stream socket at `path`, the configured `service.socket`; else the service refuses to start
+/// rather than serve a socket nobody will connect to. Marked close-on-exec, so that the
+/// watchdog and anything else the service starts do not keep it open.
+///
+/// The socket outlives the service: systemd keeps listening while the service restarts, so a
+/// connection made meanwhile waits in its backlog for the next service instead of finding no
+/// socket (a shim would then start a service of its own, outside the unit).
+pub(super) fn inherited(path: &Path) -> Result<Option<UnixListener>, ServiceError> {
+    let fail = |message: String| ServiceError::Socket {
+        path: path.to_path_buf(),
+        message,
+    };
+    let ours = std::env::var("LISTEN_PID").is_ok_and(|p| p == std::process::id().to_string());
+    if !ours {
+        return Ok(None);
+    }
+    let listener = listenfd::ListenFd::from_env()
+        .take_unix_listener(0)
+        .map_err(|e| {
+            fail(format!(
+                "systemd passed a socket that is not a Unix stream socket: {e}"
+            ))
+        })?;
+    let Some(listener) = listener else {
+        return Ok(None);
+    };
+    nix::fcntl::fcntl(
+        &listener,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|e| fail(format!("cannot mark systemd's socket close-on-exec: {e}")))?;
+    let local = listener.local_addr().ok();
+    let at = local.as_ref().and_then(|a| a.as_pathname());
+    if !at.is_some_and(|at| same_place(at, path)) {
+        let at = at.map_or("an unnamed socket".to_string(), |p| p.display().to_string());
+        return Err(fail(format!(
+            "systemd passed {at} (gpuplex.socket's ListenStream), but service.socket is this \
+             path; make them the same (systemctl edit gpuplex.socket)"
+        )));
+    }
+    Ok(Some(listener))
+}
+
+/// Whether two socket paths name the same place: equal, or the same name in the same
+/// directory reached by different routes (`/var/run` is a link to `/run`).
+fn same_place(a: &Path, b: &Path) -> bool {
+    let place = |p: &Path| Some((p.parent()?.canonicalize().ok()?, p.file_name()?.to_owned()));
+    a == b || place(a).is_some_and(|x| place(b) == Some(x))
+}
+
 /// Binds the socket with mode 0600, replacing a stale socket file but never a live one.
 pub(super) fn bind(path: &Path) -> Result<UnixListener, ServiceError> {
     let fail = |message: String| ServiceError::Socket {

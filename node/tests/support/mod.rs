@@ -168,6 +168,46 @@ impl NodeService {
         );
     }
 
+    /// Starts the service as systemd's socket activation does (`gpuplex.socket`): `listener`
+    /// as fd 3, `LISTEN_FDS=1` and `LISTEN_PID` its own pid (a shell exports them and execs the
+    /// service, keeping its pid). Does not wait: the listener answers connections already.
+    pub fn spawn_activated(&mut self, listener: &std::os::unix::net::UnixListener) {
+        use std::os::unix::io::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let fd = listener.as_raw_fd();
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$@\"", "sh"])
+            .arg(gpuplex_integration::bin("containerd-shim-gpuplex-v1"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .env("GPUPLEX_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let ok = if fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0) == 0
+                } else {
+                    libc::dup2(fd, 3) == 3
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        self.child = Some(command.spawn().expect("start the node service"));
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

@@ -1,8 +1,11 @@
 //! [`NodeLink`]: the shim's [`Node`] in production, the node service on its socket. The node
-//! service is started, as a daemon of this binary, the first time a container needs it and it
-//! is not running. A service that died leaves its socket behind, and whoever ran it (systemd's
-//! `Restart=`, one second later) starts it again: for [`RESTART_GRACE`] that one is waited for,
-//! not raced by a service of the shim's own, which would hold the node outside the unit.
+//! service is started, as a daemon of this binary, the first time a container needs it and
+//! nothing listens on its socket. Under systemd, `gpuplex.socket` keeps the socket listening
+//! while the service restarts, so the shim never starts one there: its requests wait for the
+//! unit's next service. Without that unit, a service that died leaves its socket behind, and
+//! whoever ran it (`Restart=`, one second later) starts it again: for [`RESTART_GRACE`] that one
+//! is waited for, not raced by a service of the shim's own, which would hold the node outside
+//! its supervisor.
 
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;

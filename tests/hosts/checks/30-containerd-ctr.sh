@@ -2,11 +2,13 @@
 # two `ctr run --runtime io.containerd.gpuplex.v1` containers on one fake GPU take turns, with
 # runc's systemd cgroup driver (SystemdCgroup = true: a scope under system.slice) and with
 # cgroupfs (false: /default/ID); systemd neither undoes a freeze (daemon-reload) nor leaves one
-# behind when it stops a frozen container's scope.
+# behind when it stops a frozen container's scope; and containers started through the shim while
+# `systemctl restart gpuplex` runs wait for the unit's next service (gpuplex.socket keeps the
+# socket listening) instead of starting one of their own outside the unit.
 . "$(dirname "$0")/lib.sh"
 
 ctr_() { ctr --timeout 60s "$@"; }
-ids=(sd1 sd2 fs1 fs2)
+ids=(sd1 sd2 fs1 fs2 r1 r2 r3)
 cleanup() {
 	local id
 	for id in "${ids[@]}"; do
@@ -85,3 +87,22 @@ frozen_left=$(grep -l '^frozen 1' /sys/fs/cgroup/system.slice/*/cgroup.events 2>
 [ -z "$frozen_left" ] || fail "frozen cgroups left behind: $frozen_left"
 ctl status
 echo "systemd kept gpuplex's freeze and stopped a frozen scope cleanly"
+
+# Restarts while containers start: each `ctr run` that needs the node service during a restart
+# must be served by the unit's next service; a service of the shim's own would run outside the
+# unit, hold the node lock and make the unit fail.
+echo "systemctl restart gpuplex.service three times while three containers start through the shim"
+for id in r1 r2 r3; do
+	busy_ctr "$id" &
+	systemctl restart gpuplex.service
+	wait $! || fail "ctr run $id failed while the service restarted"
+done
+wait_for 20 service_active || fail "gpuplex.service is not active after the restarts: $(systemctl status gpuplex --no-pager | tail -n 5)"
+services=$(pgrep -f 'containerd-shim-gpuplex-v1 serve' | tr '\n' ' ')
+[ "$services" = "$(main_pid) " ] || fail "node services running: $services; the unit's is $(main_pid) (a shim started one of its own)"
+for id in r1 r2 r3; do
+	wait_for 20 sh -c "gpuplexctl status -o json | jq -e '.containers[] | select(.id == \"$id\")' >/dev/null" ||
+		fail "$id has no vGPU after the restarts: $(ctl status)"
+done
+journalctl -u gpuplex.service -q --no-pager | grep -q 'passed by systemd' || fail "the service did not get its socket from gpuplex.socket"
+echo "every container started during the restarts has its vGPU from the unit's service (pid $(main_pid))"

@@ -14,6 +14,7 @@ echo "apt-get remove gpuplex, with one of two containers frozen"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -q gpuplex
 all_thawed "$a" "$b" || fail "a container is still frozen after apt remove: held1 $(frozen "$a"), held2 $(frozen "$b")"
 systemctl is-active -q gpuplex.service && fail "gpuplex.service is still active after apt remove"
+systemctl is-active -q gpuplex.socket && fail "gpuplex.socket is still active after apt remove"
 pgrep -f 'containerd-shim-gpuplex-v1 serve' && fail "a node service still runs after apt remove"
 wait_for 5 sh -c '! pgrep -x gpuplex-watchdo' || fail "a watchdog still runs after apt remove"
 sleep 1
@@ -25,6 +26,7 @@ echo "apt-get purge gpuplex"
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -q gpuplex
 left=""
 for p in /etc/gpuplex /run/gpuplex /usr/lib/systemd/system/gpuplex.service \
+	/usr/lib/systemd/system/gpuplex.socket /etc/systemd/system/sockets.target.wants/gpuplex.socket \
 	/etc/systemd/system/multi-user.target.wants/gpuplex.service /usr/share/gpuplex \
 	/usr/share/containers/oci/hooks.d/gpuplex-precreate.json /usr/bin/containerd-shim-gpuplex-v1 \
 	/usr/bin/gpuplexctl /usr/bin/gpuplex-hook; do
