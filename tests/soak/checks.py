@@ -21,6 +21,8 @@ The parts add their own (each part's tick(), called here every second): containe
 its restart and after a shim's kill -9. A container whose shim was killed is gone: its vGPU must
 go within GONE_SETTLE, as any gone container's (2).
 """
+import collections
+import json
 import os
 import statistics
 import time
@@ -42,6 +44,7 @@ TOLERANCE = 0.10
 POOL_SIZE = 4  # connections a shim may keep open (wire/src/socket/pool.rs)
 CONNS_SLACK = 8  # connections of the hooks, gpuplexctl and this checker at any moment
 KEPT_BUDGET = 256  # files the service's cgroup reader keeps open at most (cgroup/src/reader.rs)
+EVIDENCE_STATUSES = 40  # the last statuses (one a second) written beside a frozen-too-long
 
 
 def bound(c, status, slice_s):
@@ -57,6 +60,7 @@ class Checker:
     def __init__(self, run, svc, work, slice_s):
         self.run, self.svc, self.work, self.slice = run, svc, work, slice_s
         self.status = None  # the last status the service answered
+        self.recent = collections.deque(maxlen=EVIDENCE_STATUSES)  # (run time, status)
         self.latencies = []
         self.slow_under_load = 0  # answers over 100 ms not counted (load average >= 2)
         self.reported = set()  # (kind, key) of violations already printed, once each
@@ -111,8 +115,24 @@ class Checker:
                 limit = bound(c, status, self.slice)
                 if c.frozen_up > limit:
                     c.frozen_reported = True
+                    evidence = self.evidence(c, limit)
                     self.run.violation("frozen-too-long", f"{who} frozen {c.frozen_up:.1f}s in a row "
-                                       f"(its GPUs' windows allow {limit:.1f}s)")
+                                       f"(its GPUs' windows allow {limit:.1f}s; {evidence})")
+
+    def evidence(self, c, limit):
+        """Writes what a replay needs beside the report: the node's window events (all it
+        keeps), the last statuses and the container; returns the file's name."""
+        name = f"frozen-{c.name}-{self.run.now():.0f}s.json"
+        doc = {"container": c.describe(), "id": c.id, "gpus": c.gpus_now, "vgpu": c.vgpu_last,
+               "frozen_s": c.frozen_up, "bound_s": limit, "at_s": self.run.now(),
+               "wall": time.time(), "statuses": list(self.recent)}
+        try:
+            doc["events"] = request(self.svc.socket, '{"op":"events","since":0}')[0].get("events")
+        except (OSError, ValueError) as e:
+            doc["events"] = f"not read: {e}"
+        with open(os.path.join(self.run.out, name), "w") as f:
+            json.dump(doc, f)
+        return f"evidence in {name}"
 
     # --- 2 and 3. vGPUs and memory ---------------------------------------------------------
     def check_vgpus(self, status, final=False):
@@ -231,6 +251,7 @@ class Checker:
                 self.latency(took, settled)
         if status is not None:
             self.status = status
+            self.recent.append((round(self.run.now(), 2), status))
             clients = sum(part.clients() for part, _ in self.work.parts)
             sample = svc.sample(len(status["containers"]), clients, self.processes())
             self.check_connections(sample)
