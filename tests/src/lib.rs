@@ -54,7 +54,7 @@ pub fn bin(name: &str) -> PathBuf {
     let crates: &[&str] = match name {
         "gpuplex-hook" => &["scheduler", "wire", "cgroup", "hook"],
         "gpuplexctl" => &["scheduler", "wire", "ctl"],
-        "gpuplex-dra" => &["scheduler", "wire", "cgroup", "hook", "dra"],
+        "gpuplex-dra" => &["scheduler", "wire", "dra"],
         "gpuplex-sim" => &["scheduler"],
         _ => &["scheduler", "wire", "cgroup", "hook", "node", "shim"],
     };
