@@ -198,6 +198,8 @@ pub struct SavedGpuAccounting {
 
 const ACCOUNTING: &str = "accounting.json";
 const FROZEN: &str = "frozen.json";
+/// The id ceiling ([`StateDir::save_id_ceiling`]).
+const IDS: &str = "ids";
 const LOCK: &str = "lock";
 /// The subdirectory of the records' second copies.
 const COPIES: &str = "copies";
@@ -411,6 +413,21 @@ impl StateDir {
         serde_json::from_slice::<SavedAccounting>(&bytes)
             .ok()
             .filter(|a| a.format == FORMAT)
+    }
+
+    /// Writes the vGPU id ceiling durably (temporary file, flush, rename, flush the directory):
+    /// no id at or above it has been given. The service writes a ceiling before it gives the
+    /// ids below it, a block at a time, so that after any death the next service starts at or
+    /// above every id given before, a refusal's spent id and a released vGPU's included,
+    /// which neither leaves a record.
+    pub fn save_id_ceiling(&self, ceiling: u64) -> Result<(), StateError> {
+        write_durably(&self.dir.join(IDS), format!("{ceiling}\n").as_bytes())
+    }
+
+    /// The id ceiling written last; `None` when there is none or it cannot be read.
+    pub fn load_id_ceiling(&self) -> Option<u64> {
+        let bytes = read_file(&self.dir.join(IDS)).ok()?;
+        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
     }
 
     /// Writes the list of cgroups the service may have frozen: a temporary file renamed over

@@ -104,3 +104,23 @@ fn a_passed_socket_at_another_path_than_the_configured_one_is_refused_in_one_lin
         "{line}"
     );
 }
+
+#[test]
+fn a_passed_socket_that_is_not_listening_is_refused_in_one_line() {
+    if !can_run("a_passed_socket_that_is_not_listening_is_refused_in_one_line") {
+        return;
+    }
+    let _serial = serial();
+    let (mut service, _listener) = activated();
+    // What `Accept=yes` would pass: one connection.
+    let (connection, _peer) = UnixStream::pair().unwrap();
+    service.spawn_activated(&connection);
+    let status = service.child.take().unwrap().wait().unwrap();
+    assert!(!status.success(), "{status}");
+    let log = service.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("not listening") && l.contains("Accept=yes")),
+        "{log}"
+    );
+}

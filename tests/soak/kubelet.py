@@ -611,13 +611,19 @@ class Kubelet:
             self.allocs.append(pod)
         self.set_state(pod, "allocating")
         got = self.standin.call("allocate", units=chosen)
+        # A refusal for room releases nothing (the node checks the fit first); any other
+        # failure may have come after the node released the allocations it supersedes.
+        unfit = not got["ok"] and "cannot place" in got.get("error", "")
         with self.lock:
             # Any allocation that held one of these units is over now (or, when Allocate
-            # failed, perhaps over: the node releases them before it pins).
+            # failed otherwise than for room, perhaps over).
+            # The same units again are the same allocation to the node: its vGPU goes on, for
+            # this pod ("reused").
             for a in self.allocs:
-                if (a is not pod and a.state in ("lingering", "uncertain")
+                if (a is not pod and a.state in ("lingering", "uncertain") and not unfit
                         and set(a.units) & set(chosen)):
-                    a.state = "superseded" if got["ok"] else "uncertain"
+                    same = set(a.units) == set(chosen)
+                    a.state = ("reused" if same else "superseded") if got["ok"] else "uncertain"
                     a.changed = time.monotonic()
         if not got["ok"]:
             self.set_state(pod, "failed", got["error"])
@@ -775,6 +781,9 @@ class Kubelet:
                         out["containers"][x.id] = {"kind": "allocation", "pod": a.name,
                                                    "claim": a.key, "pid": x.pid,
                                                    "gpus": [a.gpu], "memory": a.memory}
+        # An allocation whose fate is unknown keeps its key out of the judgement: the vGPU
+        # that key names now may be its own.
+        live_keys |= {a.key for a in allocs if a.state == "uncertain" and a.key}
         for a in allocs:
             if a.state == "superseded" and a.key not in live_keys:
                 out["superseded"][a.key] = {"pod": a.name, "since": now - a.changed}

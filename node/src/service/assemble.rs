@@ -78,10 +78,16 @@ impl Service {
         )
         .map_err(|e| ServiceError::Inventory(e.to_string()))?;
         node.set_policy(config.policy.clone());
-        // vGPU ids never repeat on a node: above every id given before (saved), and above the
-        // clock in milliseconds (which covers a lost state directory).
+        // vGPU ids never repeat on a node: at or above the id ceiling (written before the ids
+        // below it were given), the next id the accounting saved, and the clock in milliseconds
+        // (which covers a lost state directory).
         let saved_next = state.load_accounting().and_then(|a| a.next_vgpu);
-        node.start_ids_at(unix_ms(std::time::SystemTime::now()).max(saved_next.unwrap_or(0)));
+        let ceiling = state.load_id_ceiling();
+        node.start_ids_at(
+            unix_ms(std::time::SystemTime::now())
+                .max(saved_next.unwrap_or(0))
+                .max(ceiling.unwrap_or(0)),
+        );
         let node_name = if config.service.node_name.is_empty() {
             nix::unistd::gethostname()
                 .ok()

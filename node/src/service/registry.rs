@@ -37,7 +37,14 @@ pub(super) struct Registry {
     /// The scheduler's clock starts here, at `reservation_ttl`.
     origin: std::time::Instant,
     ttl: Duration,
+    /// The id ceiling saved last ([`Registry::ids_saved`]); 0 before the first.
+    id_ceiling: u64,
 }
+
+/// How many ids a saved ceiling is ahead of the next one: one write per this many vGPUs.
+const ID_BLOCK: u64 = 1024;
+/// How many ids one request may spend at most (a reservation's, or a refusal's).
+const IDS_PER_REQUEST: u64 = 16;
 
 impl Registry {
     /// The registrations of `node`, saved in `state`; the clock starts now, at `ttl` (the
@@ -49,6 +56,33 @@ impl Registry {
             handles: Box::new(fresh_handle),
             origin: std::time::Instant::now(),
             ttl,
+            id_ceiling: 0,
+        }
+    }
+
+    /// Before a request that may give vGPU ids (a reservation, a registration, a pin, an
+    /// allocation: the id a refusal names is spent too): makes sure the saved id ceiling is
+    /// above the ids it may give, saving the next block's when it is not. A death after that
+    /// never lets the next service give them again, though a refusal's id and a released
+    /// vGPU's leave no record. When the ceiling cannot be saved the request is refused, and
+    /// nothing is given.
+    pub fn ids_saved(&mut self) -> Result<(), String> {
+        let next = self.node.next_id();
+        if next.saturating_add(IDS_PER_REQUEST) <= self.id_ceiling {
+            return Ok(());
+        }
+        let ceiling = next.saturating_add(ID_BLOCK);
+        match self.state.save_id_ceiling(ceiling) {
+            Ok(()) => {
+                self.id_ceiling = ceiling;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("vGPU ids: {e}");
+                Err(format!(
+                    "{e}; nothing was reserved, since a restart could give its id again"
+                ))
+            }
         }
     }
 

@@ -23,6 +23,18 @@ use crate::gpus::GpuSource;
 impl Service {
     /// Carries out one request and says how it went.
     pub fn handle(&mut self, request: Request) -> Reply {
+        let gives_ids = matches!(
+            request,
+            Request::Reserve { .. }
+                | Request::Register { .. }
+                | Request::Pin { .. }
+                | Request::Allocate { .. }
+        );
+        if gives_ids {
+            if let Err(e) = self.registry.ids_saved() {
+                return Reply::refused(e);
+            }
+        }
         match request {
             Request::Status => {
                 self.cdi.refresh();

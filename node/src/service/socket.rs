@@ -93,6 +93,15 @@ pub(super) fn inherited(path: &Path) -> Result<Option<UnixListener>, ServiceErro
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
     .map_err(|e| fail(format!("cannot mark systemd's socket close-on-exec: {e}")))?;
+    // `Accept=yes` would pass one connection, not the listener.
+    let listening = nix::sys::socket::getsockopt(&listener, nix::sys::socket::sockopt::AcceptConn);
+    if !listening.unwrap_or(false) {
+        return Err(fail(
+            "systemd passed a socket that is not listening (gpuplex.socket must not say \
+             Accept=yes)"
+                .into(),
+        ));
+    }
     let local = listener.local_addr().ok();
     let at = local.as_ref().and_then(|a| a.as_pathname());
     if !at.is_some_and(|at| same_place(at, path)) {

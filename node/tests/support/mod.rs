@@ -171,8 +171,8 @@ impl NodeService {
     /// Starts the service as systemd's socket activation does (`gpuplex.socket`): `listener`
     /// as fd 3, `LISTEN_FDS=1` and `LISTEN_PID` its own pid (a shell exports them and execs the
     /// service, keeping its pid). Does not wait: the listener answers connections already.
-    pub fn spawn_activated(&mut self, listener: &std::os::unix::net::UnixListener) {
-        use std::os::unix::io::AsRawFd;
+    /// (Any socket may be passed, to see the service refuse one.)
+    pub fn spawn_activated(&mut self, listener: &impl std::os::unix::io::AsRawFd) {
         use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new()
             .create(true)
