@@ -60,11 +60,22 @@ share=$(arg gpuplex.share)
 script=$(arg gpuplex.run)
 if [ -n "$share" ] && [ -n "$script" ]; then
 	mkdir -p "$share"
-	if mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose repo "$share"; then
+	# The virtio 9p device can probe after this unit starts (seen under TCG: "special device
+	# repo does not exist"): its transport is loaded first, and the mount tried for a minute.
+	modprobe 9pnet_virtio 2>/dev/null || true
+	mounted=no
+	for _ in $(seq 60); do
+		if mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose repo "$share" 2>/dev/null; then
+			mounted=yes
+			break
+		fi
+		sleep 1
+	done
+	if [ "$mounted" = yes ]; then
 		/bin/bash "$share/$script"
 		echo "gpuplex-host-runner: $script exited $?"
 	else
-		echo "gpuplex-host-runner: could not mount the repository at $share"
+		echo "gpuplex-host-runner: could not mount the repository at $share within 60 s (virtio 9p tag repo)"
 	fi
 	systemctl poweroff --no-block
 fi
