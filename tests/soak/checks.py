@@ -14,7 +14,7 @@
    without the /proc/PID/stat and status files its cgroup reader keeps open for the processes
    it reads (bursty ones come and go; the reader drops a dead one's at its container's next
    read), which may never pass KEPT_BUDGET; and its connections never more than POOL_SIZE per
-   live shim, plus CONNS_SLACK for the hooks and this checker.
+   live shim or kubelet plugin, plus CONNS_SLACK for the hooks and this checker.
 5. latency: a status request on the node socket answered within 100 ms while the 1-minute load
    average is under 2.
 The parts add their own (each part's tick(), called here every second): containerd.py's, after
@@ -69,6 +69,7 @@ class Checker:
         self.mismatched = set()  # GPUs whose reserved memory is wrong now (printed once)
         self.longest_freeze = {}  # priority: (seconds, container)
         self.claim_check = None  # pods.Pods.check, when the kubelet's pods run
+        self.plugin_clients = 0  # the DRA driver and the device plugin, when the pods run
         self.quit = False
 
     def once(self, kind, key, msg):
@@ -252,7 +253,8 @@ class Checker:
         if status is not None:
             self.status = status
             self.recent.append((round(self.run.now(), 2), status))
-            clients = sum(part.clients() for part, _ in self.work.parts)
+            # The kubelet's plugins keep a pool of connections each, as a shim does.
+            clients = sum(part.clients() for part, _ in self.work.parts) + self.plugin_clients
             sample = svc.sample(len(status["containers"]), clients, self.processes())
             self.check_connections(sample)
             by_id = {}
@@ -284,7 +286,7 @@ class Checker:
         return n
 
     def check_connections(self, sample):
-        """A connection of the service's has a live client: at most POOL_SIZE per shim."""
+        """A connection of the service's has a live client: at most POOL_SIZE per shim or kubelet plugin."""
         if sample is None or sample[0] < WARMUP:
             return
         conns, clients, kept = sample[5], sample[6], sample[11]
@@ -294,7 +296,7 @@ class Checker:
                       f"files open (its cgroup reader keeps {KEPT_BUDGET} at most)")
         if conns > POOL_SIZE * clients + CONNS_SLACK:
             self.once("connections", self.svc.pid, f"service pid {self.svc.pid} holds {conns} "
-                      f"connections with {clients} shims alive (at most {POOL_SIZE} each, "
+                      f"connections with {clients} shims and plugins alive (at most {POOL_SIZE} each, "
                       f"{CONNS_SLACK} more for the hooks)")
 
     def latency(self, took, settled):

@@ -144,6 +144,7 @@ def main():
     checker = checks.Checker(run, svc, work, 0.2)
     if pods is not None:
         checker.claim_check = pods.check
+        checker.plugin_clients = 2  # gpuplex-dra's DRA driver and device plugin
     clock = ClockStep(run, svc)
     extra["clock-step"] = clock.inject
     faults = node.Faults(run, svc, os.path.join(a.work, "state"), schedule, rng_fault, extra)
