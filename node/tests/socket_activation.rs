@@ -80,25 +80,34 @@ fn a_request_sent_while_the_service_restarts_waits_for_the_next_one() {
     assert_eq!(reply["status"]["node"], "testnode", "{reply}");
 }
 
+/// A service started on what `passed` makes (given the service's directory) must exit with an
+/// error: the service, and its log.
+fn refused_on<S: std::os::unix::io::AsRawFd>(
+    passed: impl FnOnce(&std::path::Path) -> S,
+) -> (NodeService, String) {
+    let (mut service, _listener) = activated();
+    let socket = passed(service.dir.path());
+    service.spawn_activated(&socket);
+    let status = service.child.take().unwrap().wait().unwrap();
+    assert!(!status.success(), "{status}");
+    let log = service.log_text();
+    (service, log)
+}
+
 #[test]
 fn a_passed_socket_at_another_path_than_the_configured_one_is_refused_in_one_line() {
     if !can_run("a_passed_socket_at_another_path_than_the_configured_one_is_refused_in_one_line") {
         return;
     }
     let _serial = serial();
-    let (mut service, _listener) = activated();
-    let elsewhere = service.dir.path().join("other.sock");
-    let other = UnixListener::bind(&elsewhere).unwrap();
-    service.spawn_activated(&other);
-    let status = service.child.take().unwrap().wait().unwrap();
-    assert!(!status.success(), "{status}");
-    let log = service.log_text();
+    let elsewhere = |dir: &std::path::Path| dir.join("other.sock");
+    let (service, log) = refused_on(|dir| UnixListener::bind(elsewhere(dir)).unwrap());
     let line = log
         .lines()
         .find(|l| l.contains("passed"))
         .unwrap_or_else(|| panic!("no line about the passed socket: {log}"));
     assert!(
-        line.contains(&elsewhere.display().to_string())
+        line.contains(&elsewhere(service.dir.path()).display().to_string())
             && line.contains("gpuplex.socket")
             && line.contains(&service.socket.display().to_string()),
         "{line}"
@@ -111,13 +120,13 @@ fn a_passed_socket_that_is_not_listening_is_refused_in_one_line() {
         return;
     }
     let _serial = serial();
-    let (mut service, _listener) = activated();
-    // What `Accept=yes` would pass: one connection.
-    let (connection, _peer) = UnixStream::pair().unwrap();
-    service.spawn_activated(&connection);
-    let status = service.child.take().unwrap().wait().unwrap();
-    assert!(!status.success(), "{status}");
-    let log = service.log_text();
+    // What `Accept=yes` would pass: one connection (its peer is kept open by the test).
+    let mut peer = None;
+    let (_service, log) = refused_on(|_| {
+        let (connection, other) = UnixStream::pair().unwrap();
+        peer = Some(other);
+        connection
+    });
     assert!(
         log.lines()
             .any(|l| l.contains("not listening") && l.contains("Accept=yes")),
