@@ -31,7 +31,17 @@ oom() {
 	status=$(ctr_ task ls | awk -v id="$id" '$1 == id {print $3}')
 	echo "$runtime $id: $status"
 	wait_for 10 sh -c "grep -q '/tasks/exit.*\"$id\"' '$var/events.log'" || fail "$id ($runtime): no /tasks/exit event"
-	grep -q "/tasks/oom.*\"$id\"" "$var/events.log" || fail "$id ($runtime): no /tasks/oom event: $(grep "$id" "$var/events.log")"
+	grep -q "/tasks/exit.*\"$id\".*\"exit_status\":137" "$var/events.log" ||
+		fail "$id ($runtime): not killed by the OOM killer: $(grep "/tasks/exit.*\"$id\"" "$var/events.log")"
+	# containerd's runc shim reads memory.events from a watcher that races the cgroup's removal and
+	# sometimes never reports the OOM (containerd/containerd#12260); that is the reference's flake,
+	# not a failure of this host. gpuplex's shim must report it every time.
+	if ! grep -q "/tasks/oom.*\"$id\"" "$var/events.log"; then
+		[ "$runtime" = io.containerd.runc.v2 ] ||
+			fail "$id ($runtime): no /tasks/oom event: $(grep "$id" "$var/events.log")"
+		echo "$runtime $id: killed (exit 137) but no /tasks/oom: containerd's own race, not checked"
+		return
+	fi
 	local oom_line exit_line
 	oom_line=$(grep -n "/tasks/oom.*\"$id\"" "$var/events.log" | head -n 1 | cut -d: -f1)
 	exit_line=$(grep -n "/tasks/exit.*\"$id\"" "$var/events.log" | head -n 1 | cut -d: -f1)
