@@ -1,6 +1,7 @@
 //! gpuplex's containerd shim when the user or a crash intervenes (root, a private containerd,
-//! the node service on one fake GPU): a user's pause outlasts the scheduler's windows, and a
-//! shim killed with SIGKILL leaves nothing reserved and nothing frozen.
+//! the node service on one fake GPU): a user's pause outlasts the scheduler's windows, a
+//! shim killed with SIGKILL leaves nothing reserved and nothing frozen, and a shim containerd
+//! forgot (it died between `start` and `Create`) ends by itself.
 
 use std::time::{Duration, Instant};
 
@@ -278,4 +279,66 @@ fn the_shim_starts_the_node_service_when_it_is_not_running() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "CUDA=GPU-fake-0\n");
     assert_eq!(started.len(), 1, "node services started: {started:?}");
     drop(c);
+}
+
+/// containerd dies between starting a shim (`start`) and asking it for the container
+/// (`Create`), as a kill -9 of containerd during `ctr run` makes it: nothing will ever talk to
+/// that shim again. runc's shim then runs until the machine stops; gpuplex's ends by itself
+/// within a minute, its socket removed. The test runs `start` in the bundle as containerd does,
+/// against a live containerd's addresses, and never sends `Create`.
+#[test]
+fn a_shim_containerd_never_asks_for_a_container_ends_by_itself() {
+    if !can_run_containerd("a_shim_containerd_never_asks_for_a_container_ends_by_itself") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let service = NodeService::start(&dir.path().join("node"), 1, 250, "");
+    let c = Containerd::start(Setup {
+        gpuplex_config: Some(service.config.clone()),
+        cri: false,
+    });
+    let id = "never-asked";
+    let bundle = c
+        .dir
+        .join("state/io.containerd.runtime.v2.task")
+        .join(&c.namespace)
+        .join(id);
+    std::fs::create_dir_all(&bundle).expect("the bundle");
+    std::fs::write(bundle.join("config.json"), "{}").expect("its config.json");
+    let ttrpc = format!("{}.ttrpc", c.socket.display());
+    let started = Instant::now();
+    let out = std::process::Command::new(bin("containerd-shim-gpuplex-v1"))
+        .args(["-namespace", &c.namespace, "-address"])
+        .arg(&c.socket)
+        .args(["-publish-binary", "containerd", "-id", id, "start"])
+        .current_dir(&bundle)
+        .env("TTRPC_ADDRESS", &ttrpc)
+        .env("GRPC_ADDRESS", &c.socket)
+        .env("NAMESPACE", &c.namespace)
+        .env("GPUPLEX_CONFIG", &service.config)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the shim's start runs");
+    assert!(out.status.success(), "start: {}", text(&out));
+    let address = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let socket = std::path::PathBuf::from(address.strip_prefix("unix://").unwrap_or(&address));
+    let daemon = shim_daemon(GPUPLEX, id).expect("the shim daemon runs after start");
+    assert!(socket.exists(), "{} is not there", socket.display());
+    // A zombie has no command line: gone from the list once it has exited.
+    let ended = wait_until(Duration::from_secs(90), || {
+        shim_daemon(GPUPLEX, id).is_none()
+    });
+    assert!(
+        ended,
+        "the shim (pid {daemon}) still runs {:?} after start",
+        started.elapsed()
+    );
+    eprintln!("the unasked shim ended {:?} after start", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(55),
+        "it ended before containerd had its minute"
+    );
+    assert!(!socket.exists(), "{} was left behind", socket.display());
+    drop(c);
+    drop(service);
 }

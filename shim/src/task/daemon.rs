@@ -1,5 +1,6 @@
 //! The shim's daemon: the process `start` spawns, serving the task API on its socket until
-//! containerd shuts it down.
+//! containerd shuts it down, or, when containerd asks it for no container within a minute
+//! (containerd died between `start` and `Create`), until then.
 //!
 //! `containerd_shim::run` serves only `containerd.task.v3.Task` (containerd 2.x); containerd
 //! 1.6 and 1.7 call `containerd.task.v2.Task`, whose messages are the same. So the daemon is
@@ -11,6 +12,7 @@ use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use containerd_shim::monitor::monitor_notify_by_pid;
 use containerd_shim::protos::shim_sync::create_task;
@@ -27,6 +29,9 @@ use super::shim::GpuplexShim;
 /// The task API's service names: containerd 2.x's, and 1.6's and 1.7's.
 const TASK_V3: &str = "/containerd.task.v3.Task/";
 const TASK_V2: &str = "/containerd.task.v2.Task/";
+
+/// How long a shim that containerd has asked for no container waits for one before it ends.
+const NEVER_ASKED_EXIT: Duration = Duration::from_secs(60);
 
 /// Why the daemon could not serve: one line, on its stderr (which containerd logs).
 #[derive(Debug, thiserror::Error)]
@@ -98,8 +103,8 @@ pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
             }
         }
     });
-    let task: Arc<dyn containerd_shim::Task + Send + Sync> =
-        Arc::new(shim.create_task_service(publisher));
+    let service = shim.create_task_service(publisher);
+    let task: Arc<dyn containerd_shim::Task + Send + Sync> = Arc::new(service.clone());
     let mut methods: HashMap<String, Box<dyn ttrpc::MethodHandler + Send + Sync>> = HashMap::new();
     for (name, handler) in create_task(Arc::clone(&task)) {
         methods.insert(name.replacen(TASK_V3, TASK_V2, 1), handler);
@@ -128,6 +133,7 @@ pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
         .register_service(methods);
     server.start().map_err(serving)?;
     started();
+    service.exit_if_never_asked(NEVER_ASKED_EXIT);
     shim.wait();
     server.shutdown();
     let _ = std::fs::remove_file(path);

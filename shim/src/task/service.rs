@@ -5,6 +5,7 @@
 //! thread waits for the lock). Events leave in the order they happen ([`EventSink`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -53,6 +54,8 @@ struct Shared {
     runtime_for: RuntimeFor,
     node: Arc<dyn Node>,
     exit: Arc<ExitSignal>,
+    /// Whether containerd has asked for a container (`Create`) since the shim started.
+    asked: AtomicBool,
 }
 
 /// containerd's task service, for this shim's containers.
@@ -97,8 +100,29 @@ impl TaskService {
             runtime_for,
             node,
             exit,
+            asked: AtomicBool::new(false),
         });
         TaskService { shared }
+    }
+
+    /// Ends the shim if containerd has not asked it for a container within `within` of now.
+    /// containerd starts a shim and asks at once; when it dies in between (or restarts and
+    /// drops the half-made task, as containerd 1.6 does), nothing would ever talk to the shim
+    /// again, and runc's shim then runs until the machine stops. Once asked, only Shutdown or a
+    /// signal ends it.
+    pub fn exit_if_never_asked(&self, within: Duration) {
+        let service = self.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(within);
+            if !service.shared.asked.load(Ordering::SeqCst) && service.containers().is_empty() {
+                tracing::warn!(
+                    "containerd asked for no container within {} s of this shim's start \
+                     (it died or restarted meanwhile); exiting",
+                    within.as_secs()
+                );
+                service.shared.exit.signal();
+            }
+        });
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Container>> {
@@ -491,6 +515,7 @@ impl Task for TaskService {
     }
 
     fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> TtrpcResult<CreateTaskResponse> {
+        self.shared.asked.store(true, Ordering::SeqCst);
         Ok(self.do_create(req)?)
     }
 

@@ -416,6 +416,25 @@ const ANSWER: Duration = Duration::from_secs(5);
 const GO_ZERO_TIME: i64 = -62_135_596_800;
 
 #[test]
+fn a_shim_containerd_never_asks_for_a_container_ends_by_itself() {
+    let shim = Shim::new();
+    shim.service.exit_if_never_asked(Duration::from_millis(50));
+    assert!(shim.exits(ANSWER));
+}
+
+#[test]
+fn a_shim_once_asked_for_a_container_waits_for_containerd_to_end_it() {
+    let shim = Shim::new();
+    let pid = shim.create("c1");
+    shim.service.exit_if_never_asked(Duration::from_millis(50));
+    assert!(!shim.exits(Duration::from_millis(300)));
+    // Even with the container gone: containerd still holds the shim and will shut it down.
+    shim.service.exited(pid as i32, 0);
+    shim.delete("c1", "").unwrap();
+    assert!(!shim.exits(Duration::from_millis(300)));
+}
+
+#[test]
 fn a_task_goes_through_create_start_exit_delete_and_the_shim_then_exits() {
     let shim = Shim::new();
     let pid = shim.create("c1");
