@@ -3,8 +3,8 @@
 #   make demo   (root) three podman containers (weights 1, 2, 3) time-share one fake GPU under
 #               the node service; their windows live (gpuplexctl top), then their shares
 #               (without root: the simulator's version of the same)
-#   make test   what CI runs: format check, clippy with warnings as errors, every test, and
-#               the host suite (make test-hosts)
+#   make test   what CI runs: format check, clippy with warnings as errors, every test, the
+#               soak's short version (make test-soak) and the host suite (make test-hosts)
 #   make test-hosts  (root) the host suite: a Debian 13 VM (systemd, cgroup v2, containerd 1.7,
 #               podman 5) built with debootstrap (cached under target/hosts), booted with qemu,
 #               the package installed in it and tests/hosts/checks run inside; HOSTS_CHECKS=REGEX
@@ -19,6 +19,7 @@
 #               the node service is killed, stopped and starved of state_dir, containerd is
 #               killed and shims are killed, its invariants checked every second (tests/soak/);
 #               SOAK_SEED=N replays a run (default: a random seed, printed)
+#   make test-soak  (root) its short version in make test: 3 minutes, seed 31, the debug binaries
 #   make properties  the property tests at 5,000 random cases each, in release mode (minutes)
 #   make fuzz   each cargo-fuzz target (fuzz/) for FUZZ_SECONDS (default 60), on nightly; not in
 #               `make test`, which replays what the fuzzers found (fuzz/regressions/)
@@ -35,7 +36,7 @@ DEMO_SCENARIO ?= scheduler/scenarios/weights.toml
 # depend on luck; `make properties` explores fresh random cases, many more of them.
 PROPTEST_SEED ?= 20261129
 
-.PHONY: all build demo test test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps bench-bursts soak properties fuzz install deb image image-deps
+.PHONY: all build demo test test-soak test-hosts hosts-deps test-deps cargo-deb fmt-check clippy bench bench-deps bench-bursts soak properties fuzz install deb image image-deps
 
 all: build
 
@@ -84,8 +85,8 @@ test-deps:
 test: test-deps cargo-deb fmt-check clippy
 	$(CARGO) build --workspace --bins --locked
 	PROPTEST_RNG_SEED=$(PROPTEST_SEED) $(CARGO) test --workspace --locked
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-hosts; else \
-		echo "SKIPPED: make test-hosts needs root (debootstrap, qemu); CI runs it as root"; fi
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-soak test-hosts; else \
+		echo "SKIPPED: make test-soak and make test-hosts need root (podman; debootstrap, qemu); CI runs them as root"; fi
 
 # The host suite (tests/hosts/README.md): the hosts users run, in a VM this machine boots.
 test-hosts: hosts-deps cargo-deb
@@ -135,8 +136,8 @@ bench-bursts: test-deps
 	$(CARGO) build --release --locked --bins
 	GPUPLEX_BEFORE_BIN_DIR='$(BEFORE)' GPUPLEX_BURST_STRESS='$(STRESS)' bash tests/bench_bursts.sh
 
-# The soak (tests/soak/soak.sh, tests/README.md): podman and containerd; not in `make test` (an
-# hour by default). SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD,
+# The soak (tests/soak/soak.sh, tests/README.md): podman and containerd; an hour by default, so
+# `make test` runs only test-soak, its 3-minute version on the binaries `make test` built. SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD,
 # SOAK_PODS and SOAK_KEEP are read from the environment (soak.sh says what each does).
 SOAK_MINUTES ?= 60
 SOAK_SEED ?=
@@ -145,6 +146,12 @@ soak: test-deps
 	$(CARGO) build --release --locked --bins
 	$(CARGO) build --release --locked -p gpuplex-dra --example kubelet-standin
 	SOAK_MINUTES='$(SOAK_MINUTES)' SOAK_SEED='$(SOAK_SEED)' bash tests/soak/soak.sh
+
+test-soak: test-deps
+	@[ "$$(id -u)" = 0 ] || { echo "make test-soak runs podman containers and needs root (sudo make test-soak)"; exit 1; }
+	$(CARGO) build --workspace --bins --locked
+	$(CARGO) build --locked -p gpuplex-dra --example kubelet-standin
+	GPUPLEX_BIN_DIR='$(CURDIR)/target/debug' SOAK_MINUTES=3 SOAK_SEED=31 bash tests/soak/soak.sh
 
 properties:
 	PROPTEST_CASES=5000 $(CARGO) test --release --locked -p gpuplex-scheduler
