@@ -48,7 +48,9 @@ EVIDENCE_STATUSES = 40  # the last statuses (one a second) written beside a froz
 
 
 def bound(c, status, slice_s):
-    """How long c may stay frozen: two rounds of its GPUs' other windows, plus margins."""
+    """How long c may stay frozen: two rounds of its GPUs' other windows, plus margins, with
+    the neighbours of `status`. A freeze is held to the largest bound seen while it lasts
+    (check_frozen): a neighbour that left during it had its windows in it."""
     mine = set(c.gpus_now)
     others = [o for o in status["containers"] if o["id"] != c.id and mine & set(o["gpus"])]
     rounds = sum(o["weight"] * slice_s for o in others if o["priority"] == "normal")
@@ -89,7 +91,7 @@ class Checker:
                 if c.state != "live" or not c.cgroups:
                     continue
                 if not c.frozen():
-                    c.frozen_up, c.frozen_reported = 0.0, False
+                    c.frozen_up, c.frozen_reported, c.freeze_bound = 0.0, False, 0.0
                 elif running:
                     c.frozen_up += dt
                     if c.frozen_up > self.longest_freeze.get(c.priority, (0,))[0]:
@@ -113,7 +115,8 @@ class Checker:
                 c.frozen_reported = True
                 self.run.violation("frozen-high", f"{who} is high priority yet frozen for {c.frozen_up:.1f}s")
             elif c.priority == "normal" and status is not None:
-                limit = bound(c, status, self.slice)
+                limit = max(getattr(c, "freeze_bound", 0.0), bound(c, status, self.slice))
+                c.freeze_bound = limit
                 if c.frozen_up > limit:
                     c.frozen_reported = True
                     evidence = self.evidence(c, limit)
