@@ -137,8 +137,9 @@ bench-bursts: test-deps
 	GPUPLEX_BEFORE_BIN_DIR='$(BEFORE)' GPUPLEX_BURST_STRESS='$(STRESS)' bash tests/bench_bursts.sh
 
 # The soak (tests/soak/soak.sh, tests/README.md): podman and containerd; an hour by default, so
-# `make test` runs only test-soak, its 3-minute version on the binaries `make test` built. SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD,
-# SOAK_PODS and SOAK_KEEP are read from the environment (soak.sh says what each does).
+# `make test` runs only test-soak, its 3-minute version on the binaries `make test` built.
+# SOAK_MIN, SOAK_MAX, SOAK_FAULT_EVERY, SOAK_CHURN, SOAK_CPUS, SOAK_CONTAINERD, SOAK_PODS and
+# SOAK_KEEP are read from the environment (soak.sh says what each does).
 SOAK_MINUTES ?= 60
 SOAK_SEED ?=
 soak: test-deps

@@ -115,7 +115,7 @@ class Checker:
                 c.frozen_reported = True
                 self.run.violation("frozen-high", f"{who} is high priority yet frozen for {c.frozen_up:.1f}s")
             elif c.priority == "normal" and status is not None:
-                limit = max(getattr(c, "freeze_bound", 0.0), bound(c, status, self.slice))
+                limit = max(c.freeze_bound, bound(c, status, self.slice))
                 c.freeze_bound = limit
                 if c.frozen_up > limit:
                     c.frozen_reported = True

@@ -45,6 +45,7 @@ class Container:
         self.gone_at = None  # monotonic, when it was seen gone (exited or removed)
         self.frozen_up = 0.0  # seconds frozen in a row while the service ran
         self.frozen_reported = False
+        self.freeze_bound = 0.0  # the largest bound of the freeze going on (checks.py)
         self.gpus_now = []  # its GPUs in the node's last status
         self.gpus_last = []  # its GPUs when the node's status last showed it
         self.vgpu_last = None  # its vGPU id in the node's last status

@@ -28,7 +28,7 @@ pub const RUNC: &str = "io.containerd.runc.v2";
 /// gpuplex's runtime: `containerd-shim-gpuplex-v1`.
 pub const GPUPLEX: &str = "io.containerd.gpuplex.v1";
 /// The binary containerd looks up on its PATH for [`GPUPLEX`].
-const GPUPLEX_SHIM: &str = "containerd-shim-gpuplex-v1";
+pub const GPUPLEX_SHIM: &str = "containerd-shim-gpuplex-v1";
 
 /// Whether a containerd test can run (root), saying loudly why not.
 pub fn can_run_containerd(test: &str) -> bool {

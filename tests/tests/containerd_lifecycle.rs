@@ -17,18 +17,24 @@ struct Rig {
     _dir: tempfile::TempDir,
 }
 
-/// Containers `<prefix>-one` and `<prefix>-two` (ids distinct across tests: the shims of every
-/// containerd on the host are told apart by container id alone).
-fn busy_pair(test: &str, prefix: &str, minor: u32) -> Option<Rig> {
-    if !can_run_containerd(test) {
-        return None;
-    }
+/// The node service on one fake GPU of `minor` and a containerd whose shims reach it.
+fn service_and_containerd(minor: u32) -> (tempfile::TempDir, NodeService, Containerd) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let service = NodeService::start(&dir.path().join("node"), 1, minor, "");
     let containerd = Containerd::start(Setup {
         gpuplex_config: Some(service.config.clone()),
         cri: false,
     });
+    (dir, service, containerd)
+}
+
+/// Containers `<prefix>-one` and `<prefix>-two` (ids distinct across tests: the shims of every
+/// containerd on the host are told apart by container id alone).
+fn busy_pair(test: &str, prefix: &str, minor: u32) -> Option<Rig> {
+    if !can_run_containerd(test) {
+        return None;
+    }
+    let (dir, service, containerd) = service_and_containerd(minor);
     for name in [format!("{prefix}-one"), format!("{prefix}-two")] {
         containerd.run_detached(
             GPUPLEX,
@@ -184,12 +190,7 @@ fn runtime_options_from_a_config_file_choose_runcs_root_and_the_shim_sits_above_
     ) {
         return;
     }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let service = NodeService::start(&dir.path().join("node"), 1, 238, "");
-    let c = Containerd::start(Setup {
-        gpuplex_config: Some(service.config.clone()),
-        cri: false,
-    });
+    let (dir, service, c) = service_and_containerd(238);
     // CRI's runtimeoptions.v1.Options: a TOML file of runc's options by their Go names.
     let root = dir.path().join("runc-root");
     let options = dir.path().join("runc-options.toml");
@@ -291,12 +292,7 @@ fn a_shim_containerd_never_asks_for_a_container_ends_by_itself() {
     if !can_run_containerd("a_shim_containerd_never_asks_for_a_container_ends_by_itself") {
         return;
     }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let service = NodeService::start(&dir.path().join("node"), 1, 250, "");
-    let c = Containerd::start(Setup {
-        gpuplex_config: Some(service.config.clone()),
-        cri: false,
-    });
+    let (_dir, service, c) = service_and_containerd(250);
     let id = "never-asked";
     let bundle = c
         .dir
@@ -307,7 +303,7 @@ fn a_shim_containerd_never_asks_for_a_container_ends_by_itself() {
     std::fs::write(bundle.join("config.json"), "{}").expect("its config.json");
     let ttrpc = format!("{}.ttrpc", c.socket.display());
     let started = Instant::now();
-    let out = std::process::Command::new(bin("containerd-shim-gpuplex-v1"))
+    let out = std::process::Command::new(bin(GPUPLEX_SHIM))
         .args(["-namespace", &c.namespace, "-address"])
         .arg(&c.socket)
         .args(["-publish-binary", "containerd", "-id", id, "start"])

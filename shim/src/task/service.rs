@@ -114,7 +114,8 @@ impl TaskService {
         let service = self.clone();
         std::thread::spawn(move || {
             std::thread::sleep(within);
-            if !service.shared.asked.load(Ordering::SeqCst) && service.containers().is_empty() {
+            // Containers come only from Create: never asked, none.
+            if !service.shared.asked.load(Ordering::SeqCst) {
                 tracing::warn!(
                     "containerd asked for no container within {} s of this shim's start \
                      (it died or restarted meanwhile); exiting",
