@@ -10,7 +10,6 @@ use containerd_shim::protos::shim::oci::Options as RuncV1Options;
 use runc::options::{CreateOpts, ExecOpts};
 
 use super::bundle::{self, BundleSpec};
-use super::classify::{classify, VgpuOrigin};
 use super::error::TaskError;
 use super::options::RuntimeOptions;
 use super::process::{Lifecycle, Process};
@@ -18,6 +17,7 @@ use super::runtime::{OciRuntime, RuntimeError, RuntimeFor};
 use super::stdio::{PendingStdio, StdioPaths};
 use super::vgpu::{Node, Vgpu, VgpuError};
 use gpuplex_cgroup::{FreezerCgroup, Hierarchies};
+use gpuplex_hook::classify::{classify, VgpuOrigin};
 
 /// A container: its bundle, its runc, its init and its execs, and its vGPU if it has one.
 #[derive(Debug)]

@@ -7,8 +7,8 @@
 //! - [`container`]: one container and what runc does to it; [`process`]: a process's lifecycle;
 //! - [`stdio`]: the fifos containerd names, the pipes or terminal the process gets, the copying;
 //! - [`options`]: the runtime options containerd's clients send, decoded;
-//! - [`bundle`]: the bundle's config.json, read once per `Create` as a hostile file;
-//!   [`classify`]: where a container's vGPU comes from, decided from that spec alone;
+//! - [`bundle`]: the bundle's config.json, read once per `Create` as a hostile file, whose
+//!   vGPU `gpuplex_hook::classify` decides from that spec alone;
 //! - [`vgpu`]: the node service, from the shim's side, behind one trait (reserve and edit,
 //!   attach, hold, release); [`node_link`]: that trait over the real node socket;
 //! - [`runtime`]: what the service has the OCI runtime do, one trait in front of runc;
@@ -21,7 +21,6 @@
 //! (`gpuplex_hook::stages::precreate`, without the hooks: the shim attaches and releases it).
 
 mod bundle;
-mod classify;
 mod container;
 mod daemon;
 mod error;

@@ -30,7 +30,7 @@ use gpuplex_scheduler::Handle;
 use gpuplex_wire::ClientError;
 
 use super::bundle::BundleError;
-use super::classify::SpecRefusal;
+use gpuplex_hook::classify::SpecRefusal;
 
 /// How long a node service started by the shim has to answer.
 pub const SERVICE_START: Duration = Duration::from_secs(5);

@@ -1,26 +1,27 @@
 //! Where a container's vGPU comes from, decided from its spec alone: one pure function,
-//! [`classify`], over the one parse of the bundle's config.json.
+//! [`classify`], over the container's OCI spec (the containerd shim's one parse of the bundle's
+//! config.json; for the NRI plugin, the spec as NRI describes the container: its annotations and
+//! `createRuntime` hooks).
 //!
 //! The rules, in the order they apply:
 //!
-//! 1. A claim's attach step in the spec's `createRuntime` hooks (the format is the hook
-//!    wire crate's, [`gpuplex_wire::attach_step::take_attach_hook`], which also refuses a forged
+//! 1. A claim's attach step in the spec's `createRuntime` hooks (the format is the wire
+//!    crate's, [`gpuplex_wire::attach_step::take_attach_hook`], which also refuses a forged
 //!    or second step) and the device plugin's allocation annotation ([`ALLOCATION`]; refused when it is
 //!    not a handle) come first:
 //!    - an allocation, with or without a step of the same handle: [`VgpuOrigin::Allocation`];
 //!      with a step of another handle: refused;
 //!    - a step alone: [`VgpuOrigin::Claim`], refused when `gpuplex.io/` annotations ask for a
 //!      vGPU too.
-//! 2. Else `gpuplex.io/` annotations (the hook library's reading of them,
-//!    [`gpuplex_hook::spec::gpuplex_annotations`]: string values only) ask for a vGPU the shim
-//!    reserves, [`VgpuOrigin::Annotations`], except in a pod's sandbox (CRI's
-//!    `io.kubernetes.cri.container-type` = `sandbox`), which carries its pod's annotations but
-//!    runs no GPU work.
+//! 2. Else `gpuplex.io/` annotations ([`crate::spec::gpuplex_annotations`]: string values
+//!    only) ask for a vGPU that the shim or the NRI plugin reserves, [`VgpuOrigin::Annotations`],
+//!    except in a pod's sandbox (CRI's `io.kubernetes.cri.container-type` = `sandbox`), which
+//!    carries its pod's annotations but runs no GPU work.
 //! 3. Else no vGPU.
 
 use std::collections::BTreeMap;
 
-use gpuplex_hook::spec::gpuplex_annotations;
+use crate::spec::gpuplex_annotations;
 use gpuplex_scheduler::Handle;
 use gpuplex_wire::annotations::{ALLOCATION, POD_NAMESPACE_KEYS, POD_NAME_KEYS, PREFIX};
 use gpuplex_wire::attach_step::take_attach_hook;
@@ -34,8 +35,9 @@ const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 pub enum VgpuOrigin {
     /// It has none: no `gpuplex.io/` annotation, or a pod's sandbox. runc runs it untouched.
     NoVgpu,
-    /// It asks by these `gpuplex.io/` annotations: the shim reserves a vGPU and edits the spec
-    /// before `runc create`, and releases the vGPU at delete.
+    /// It asks by these `gpuplex.io/` annotations: a vGPU is reserved and the spec edited
+    /// before `runc create` (by the shim, or by the NRI plugin's adjustment), and released when
+    /// the container goes.
     Annotations(BTreeMap<String, String>),
     /// A Kubernetes claim's container: the claim's vGPU, pinned already, is attached with the
     /// claim's `handle`; the container runs `spec`, the spec without the attach step. The claim
@@ -61,7 +63,7 @@ pub enum VgpuOrigin {
     },
 }
 
-/// A spec the shim refuses to run: one line, shown to the containerd user after `gpuplex: `.
+/// A spec gpuplex refuses to run: one line, shown to the containerd user (after `gpuplex: `).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecRefusal {
     /// A claim's attach step that is forged, or two of them: the hook library's line.
