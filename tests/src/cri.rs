@@ -226,6 +226,18 @@ pub fn cri_containerd_with(
     gpuplex_config: &Path,
     edit: impl FnOnce(&mut toml::Table),
 ) -> Containerd {
+    cri_containerd_configured(dir, gpuplex_config, |config| {
+        edit(table_at_mut(config, &["plugins", CRI_PLUGIN_V2]))
+    })
+}
+
+/// [`cri_containerd`], with `edit` given the whole config (another plugin's table, NRI's say)
+/// before containerd starts.
+pub fn cri_containerd_configured(
+    dir: &Path,
+    gpuplex_config: &Path,
+    edit: impl FnOnce(&mut toml::Table),
+) -> Containerd {
     let (pause, busybox) = (dir.join("pause.tar"), dir.join("busybox.tar"));
     busybox_image_tarball(&pause, PAUSE_IMAGE, &PAUSE_COMMAND);
     busybox_image_tarball(&busybox, BUSYBOX_IMAGE, &["sh"]);
@@ -238,7 +250,7 @@ pub fn cri_containerd_with(
         |config| {
             let cri = table_at_mut(config, &["plugins", CRI_PLUGIN_V2]);
             cri.insert("sandbox_image".into(), PAUSE_IMAGE.into());
-            edit(cri);
+            edit(config);
         },
     );
     eprintln!(
