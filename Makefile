@@ -199,7 +199,7 @@ image: image-deps
 	$(PODMAN) build --tag $(IMAGE) --file config/image/Containerfile target/image/$(PROFILE)
 
 # Installs the node service (containerd-shim-gpuplex-v1 serve), gpuplexctl, the DRA plugin
-# (gpuplex-dra), the Kubernetes manifests, the hook and its
+# (gpuplex-dra), the NRI plugin (gpuplex-nri, its unit not enabled), the Kubernetes manifests, the hook and its
 # podman hooks.d files and runc snippet (under $(PREFIX)/share/gpuplex), the simulator, the
 # systemd unit and the documented configuration (never over an existing one).
 install: build
@@ -208,6 +208,7 @@ install: build
 	install -D -m 0755 target/release/gpuplex-sim $(DESTDIR)$(PREFIX)/bin/gpuplex-sim
 	install -D -m 0755 target/release/gpuplex-hook $(DESTDIR)$(PREFIX)/bin/gpuplex-hook
 	install -D -m 0755 target/release/gpuplex-dra $(DESTDIR)$(PREFIX)/bin/gpuplex-dra
+	install -D -m 0755 target/release/gpuplex-nri $(DESTDIR)$(PREFIX)/bin/gpuplex-nri
 	mkdir -p $(DESTDIR)$(PREFIX)/share/gpuplex/hooks.d
 	for f in config/hooks.d/*.json; do \
 		sed 's|/usr/bin/gpuplex-hook|$(PREFIX)/bin/gpuplex-hook|' $$f \
@@ -220,11 +221,14 @@ install: build
 	install -D -m 0644 config/kubernetes/runtimeclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/runtimeclass.yaml
 	install -D -m 0644 config/kubernetes/deviceclass.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/deviceclass.yaml
 	install -D -m 0644 config/kubernetes/gpuplex.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/gpuplex.yaml
+	install -D -m 0644 config/kubernetes/gpuplex-nri.yaml $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/gpuplex-nri.yaml
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/gpuplex/kubernetes/examples config/kubernetes/examples/*.yaml
 	mkdir -p $(DESTDIR)/etc/systemd/system
 	sed 's|/usr/bin/containerd-shim-gpuplex-v1|$(PREFIX)/bin/containerd-shim-gpuplex-v1|' config/gpuplex.service \
 		> $(DESTDIR)/etc/systemd/system/gpuplex.service
 	install -m 0644 config/gpuplex.socket $(DESTDIR)/etc/systemd/system/gpuplex.socket
+	sed 's|/usr/bin/gpuplex-nri|$(PREFIX)/bin/gpuplex-nri|' config/gpuplex-nri.service \
+		> $(DESTDIR)/etc/systemd/system/gpuplex-nri.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \
 	else \

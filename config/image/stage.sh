@@ -20,7 +20,7 @@ if [ $# -ne 2 ]; then
 	exit 2
 fi
 bin_dir=$1 stage=$2
-binaries="containerd-shim-gpuplex-v1 gpuplex-dra gpuplex-hook gpuplexctl"
+binaries="containerd-shim-gpuplex-v1 gpuplex-dra gpuplex-hook gpuplex-nri gpuplexctl"
 applets="sh cp chmod mv rm ln ls cat mkdir echo test"
 
 for b in $binaries; do

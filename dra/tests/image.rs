@@ -128,7 +128,12 @@ fn the_image_installs_the_node_binaries_and_runs_each() {
     // when older than their sources).
     let dra = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex-dra"));
     let bin_dir = dra.parent().unwrap().to_path_buf();
-    let installed = ["containerd-shim-gpuplex-v1", "gpuplex-hook", "gpuplexctl"];
+    let installed = [
+        "containerd-shim-gpuplex-v1",
+        "gpuplex-hook",
+        "gpuplexctl",
+        "gpuplex-nri",
+    ];
     for name in installed {
         assert_eq!(bin(name), bin_dir.join(name));
     }
@@ -203,7 +208,7 @@ fn the_image_installs_the_node_binaries_and_runs_each() {
         command: Some(vec![
             "/bin/sh".into(),
             "-c".into(),
-            "set -e; containerd-shim-gpuplex-v1 --version; gpuplex-dra --help; gpuplex-hook --version; gpuplexctl --version".into(),
+            "set -e; containerd-shim-gpuplex-v1 --version; gpuplex-dra --help; gpuplex-hook --version; gpuplexctl --version; gpuplex-nri --help".into(),
         ]),
         ..Container::default()
     };
@@ -213,6 +218,7 @@ fn the_image_installs_the_node_binaries_and_runs_each() {
         "usage: gpuplex-dra".to_owned(),
         format!("gpuplex-hook {version}"),
         format!("gpuplexctl {version}"),
+        "usage: gpuplex-nri".to_owned(),
     ] {
         assert!(said.contains(&line), "no {line:?} in:\n{said}");
     }

@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpuplex_scheduler::node::{ReleaseKey, Target};
 use gpuplex_scheduler::{Handle, VgpuId};
@@ -62,6 +63,8 @@ pub struct HookContext {
     pub node: String,
     /// Where the GPUs' CDI spec is, and its kind.
     pub cdi: CdiSettings,
+    /// The longest one request to the node service may take (each read and write of it).
+    pub timeout: Duration,
 }
 
 /// Who runs the hook library's steps.
@@ -113,7 +116,15 @@ impl HookContext {
             }),
             node,
             cdi,
+            timeout: gpuplex_wire::socket::TIMEOUT,
         })
+    }
+
+    /// The same context, whose requests to the node service each take at most `timeout` (the
+    /// NRI plugin's, which must answer its runtime within the runtime's own timeout).
+    pub fn with_timeout(mut self, timeout: Duration) -> HookContext {
+        self.timeout = timeout;
+        self
     }
 
     /// The same context, for the containerd shim ([`Caller::Shim`]).
@@ -139,7 +150,8 @@ impl HookContext {
     }
 
     fn client(&self, stage: Stage) -> Result<NodeClient, HookError> {
-        NodeClient::connect(&self.socket).map_err(|e| service_error(stage, e))
+        NodeClient::connect_with_timeout(&self.socket, self.timeout)
+            .map_err(|e| service_error(stage, e))
     }
 }
 

@@ -2,6 +2,7 @@
 //! ([`Node`]; [`NodeSocket`] asks the real one, the plugin's tests a stub).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use gpuplex_hook::stages::{self, HookContext, Prepared};
 use gpuplex_scheduler::node::ReleaseKey;
@@ -32,7 +33,14 @@ pub trait Node {
     /// Releases the vGPU reserved with `handle`, if it is still there; best effort: the node
     /// service also releases a vGPU whose container's processes are gone.
     fn release(&self, handle: &Handle);
+    /// Bounds each request to the node service to `limit`: the runtime gives up on a plugin
+    /// that does not answer within its request timeout, and then creates containers without it.
+    fn answer_within(&mut self, _limit: Duration) {}
 }
+
+/// How long a request to the node service may take before the runtime has said its own timeout:
+/// three quarters of NRI's default (2 s).
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(1500);
 
 /// The node service on its socket, as `gpuplex.toml` names it.
 pub struct NodeSocket {
@@ -45,12 +53,13 @@ impl NodeSocket {
     /// The node service of the configuration `ctx` was read from.
     pub fn new(ctx: HookContext) -> NodeSocket {
         NodeSocket {
-            ctx: ctx.for_shim(),
+            ctx: ctx.for_shim().with_timeout(ANSWER_WITHIN),
         }
     }
 
     fn client(&self) -> Result<NodeClient, String> {
-        NodeClient::connect(&self.ctx.socket).map_err(|e| e.to_string())
+        NodeClient::connect_with_timeout(&self.ctx.socket, self.ctx.timeout)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -94,5 +103,9 @@ impl Node for NodeSocket {
                 let _ = identity::remove(&self.ctx.identity_dir, released.id);
             }
         }
+    }
+
+    fn answer_within(&mut self, limit: Duration) {
+        self.ctx.timeout = limit;
     }
 }

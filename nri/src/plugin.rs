@@ -26,6 +26,7 @@
 //! specs (`gpuplex.io/vgpu-handle`), which the runtime hands it with every event.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use gpuplex_hook::classify::{classify, VgpuOrigin};
 use gpuplex_scheduler::Handle;
@@ -53,6 +54,15 @@ pub const EVENTS: [Event; 4] = [
 /// [`EVENTS`] as NRI's mask: bit (event - 1) for each.
 pub fn event_mask() -> i32 {
     EVENTS.iter().fold(0, |mask, e| mask | 1 << (*e as i32 - 1))
+}
+
+/// How long each request to the node service may take when the runtime gives the plugin
+/// `request_timeout` milliseconds to answer it: three quarters of that, so that a node service
+/// that is slow to answer (restarting, say) makes a refusal the runtime shows, not a plugin
+/// the runtime drops. `None` when the runtime says no timeout.
+pub fn answer_within(request_timeout: i64) -> Option<Duration> {
+    let ms = u64::try_from(request_timeout).ok().filter(|ms| *ms > 0)?;
+    Some(Duration::from_millis(ms * 3 / 4).max(Duration::from_millis(50)))
 }
 
 /// What the plugin has to do for a container once it has a pid.
@@ -260,6 +270,9 @@ impl<N: Node> Handler for Plugin<N> {
                     request.runtime_name,
                     request.runtime_version
                 );
+                if let Some(limit) = answer_within(request.request_timeout) {
+                    self.node.answer_within(limit);
+                }
                 Ok(ConfigureResponse {
                     events: event_mask(),
                 }

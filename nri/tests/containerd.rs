@@ -386,12 +386,12 @@ fn pods_of_runcs_handler_get_their_vgpus_through_nri_and_take_turns() {
         .expect("ExecSync");
     w.plugin.spawn();
     w.plugin.wait_configured(2, &w.containerd);
+    // The synchronisation follows the configuration: the plugin names the missed container.
+    let named = wait_until(Duration::from_secs(20), || {
+        w.plugin.log().contains("created while the plugin was away")
+    });
+    assert!(named, "{}", w.plugin.log());
     assert!(w.listed(&m).is_none(), "{}", w.service.status());
-    assert!(
-        w.plugin.log().contains("created while the plugin was away"),
-        "{}",
-        w.plugin.log()
-    );
     assert!(w.listed(&a).is_some() && w.listed(&c).is_some());
     let (_, frozen) = frozen_samples(&pids, Duration::from_secs(2));
     assert!(

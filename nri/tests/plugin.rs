@@ -444,3 +444,29 @@ fn the_plugin_refuses_a_bad_command_line_in_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("/nonexistent/gpuplex.toml"), "{stderr}");
 }
+
+#[test]
+fn a_node_service_that_does_not_answer_is_a_refusal_within_the_runtimes_timeout() {
+    if !can_run("a_node_service_that_does_not_answer_is_a_refusal_within_the_runtimes_timeout") {
+        return;
+    }
+    let mut w = World::start(Setup::default());
+    // The stub runtime said 2 s (containerd's default): the plugin gives the node 1.5 s.
+    let pid = nix::unistd::Pid::from_raw(w.node.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let pod = pod("stalled", &[("gpuplex.io/gpu-memory", "1Gi")]);
+    let c = container("c", &pod, ContainerState::ContainerCreated);
+    let began = Instant::now();
+    let answer = w.conn.create(&pod, &c);
+    let took = began.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (_, message) = answer.unwrap_err();
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    assert!(
+        message.starts_with("gpuplex: ") && !message.contains('\n'),
+        "{message}"
+    );
+    // The session goes on, and so does the node.
+    let c = container("d", &pod, ContainerState::ContainerCreated);
+    w.conn.create(&pod, &c).unwrap();
+}

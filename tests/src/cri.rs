@@ -20,9 +20,9 @@ use k8s_cri::v1::{
     ContainerConfig, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest,
     ExecSyncResponse, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
-    VersionResponse,
+    PodSandboxMetadata, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    UpdateContainerResourcesRequest, VersionRequest, VersionResponse,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -454,6 +454,27 @@ impl Cri {
         };
         self.call("StartContainer", async move {
             client.start_container(request).await
+        })
+        .map(drop)
+    }
+
+    /// `StopContainer` of `id`, allowing it `grace` for its stop signal, then
+    /// `RemoveContainer`, as the kubelet removes a container.
+    pub fn remove_container(&self, id: &str, grace: Duration) -> Result<(), tonic::Status> {
+        let mut client = self.client.clone();
+        let request = StopContainerRequest {
+            container_id: id.to_owned(),
+            timeout: grace.as_secs() as i64,
+        };
+        self.call("StopContainer", async move {
+            client.stop_container(request).await
+        })?;
+        let mut client = self.client.clone();
+        let request = RemoveContainerRequest {
+            container_id: id.to_owned(),
+        };
+        self.call("RemoveContainer", async move {
+            client.remove_container(request).await
         })
         .map(drop)
     }

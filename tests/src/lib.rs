@@ -55,6 +55,7 @@ pub fn bin(name: &str) -> PathBuf {
         "gpuplex-hook" => &["scheduler", "wire", "cgroup", "hook"],
         "gpuplexctl" => &["scheduler", "wire", "ctl"],
         "gpuplex-dra" => &["scheduler", "wire", "dra"],
+        "gpuplex-nri" => &["scheduler", "wire", "cgroup", "hook", "nri"],
         "gpuplex-sim" => &["scheduler"],
         _ => &["scheduler", "wire", "cgroup", "hook", "node", "shim"],
     };

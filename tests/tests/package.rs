@@ -19,11 +19,12 @@ use gpuplex_integration::containerd::*;
 use gpuplex_integration::*;
 
 const PACKAGE: &str = "gpuplex";
-const BINARIES: [&str; 5] = [
+const BINARIES: [&str; 6] = [
     "containerd-shim-gpuplex-v1",
     "gpuplex-hook",
     "gpuplexctl",
     "gpuplex-dra",
+    "gpuplex-nri",
     "gpuplex-sim",
 ];
 const CONFFILE: &str = "/etc/gpuplex/gpuplex.toml";

@@ -359,6 +359,14 @@ fn a_plugin_started_again_finds_its_reservations_in_the_specs() {
 }
 
 #[test]
+fn the_node_is_given_three_quarters_of_the_runtimes_timeout() {
+    assert_eq!(answer_within(2000), Some(Duration::from_millis(1500)));
+    assert_eq!(answer_within(40), Some(Duration::from_millis(50)));
+    assert_eq!(answer_within(0), None);
+    assert_eq!(answer_within(-5), None);
+}
+
+#[test]
 fn nris_calls_are_decoded_and_answered() {
     let mut p = plugin(StubNode {
         edit: Some(an_edit()),
