@@ -227,7 +227,7 @@ install: build
 	sed 's|/usr/bin/containerd-shim-gpuplex-v1|$(PREFIX)/bin/containerd-shim-gpuplex-v1|' config/gpuplex.service \
 		> $(DESTDIR)/etc/systemd/system/gpuplex.service
 	install -m 0644 config/gpuplex.socket $(DESTDIR)/etc/systemd/system/gpuplex.socket
-	sed 's|/usr/bin/gpuplex-nri|$(PREFIX)/bin/gpuplex-nri|' config/gpuplex-nri.service \
+	sed 's|/usr/bin/gpuplex-nri|$(PREFIX)/bin/gpuplex-nri|' config/nri/gpuplex-nri.service \
 		> $(DESTDIR)/etc/systemd/system/gpuplex-nri.service
 	@if [ -e $(DESTDIR)/etc/gpuplex/gpuplex.toml ]; then \
 		echo "keeping the existing $(DESTDIR)/etc/gpuplex/gpuplex.toml"; \

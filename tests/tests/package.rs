@@ -34,6 +34,8 @@ const ENABLED: &str = "/etc/systemd/system/multi-user.target.wants/gpuplex.servi
 const SOCKET_UNIT: &str = "/usr/lib/systemd/system/gpuplex.socket";
 const SOCKET_ENABLED: &str = "/etc/systemd/system/sockets.target.wants/gpuplex.socket";
 const SOCKET: &str = "/run/gpuplex/gpuplex.sock";
+const NRI_UNIT: &str = "/usr/lib/systemd/system/gpuplex-nri.service";
+const NRI_ENABLED: &str = "/etc/systemd/system/multi-user.target.wants/gpuplex-nri.service";
 
 /// Runs `command` with no input; its output.
 fn output(command: &mut Command) -> Output {
@@ -244,6 +246,12 @@ fn the_debian_package_installs_runs_containerd_and_podman_and_removes_cleanly() 
             "{enabled}: not enabled"
         );
     }
+    // The NRI plugin's unit is there, and left for the operator to enable.
+    assert!(Path::new(NRI_UNIT).exists(), "{NRI_UNIT} not installed");
+    assert!(
+        std::fs::symlink_metadata(NRI_ENABLED).is_err(),
+        "{NRI_ENABLED}: enabled by the package"
+    );
     // The socket unit listens where the service's default `service.socket` is.
     let socket_unit = std::fs::read_to_string(SOCKET_UNIT).unwrap();
     assert!(
@@ -378,6 +386,7 @@ fn the_debian_package_installs_runs_containerd_and_podman_and_removes_cleanly() 
         "/run/gpuplex",
         UNIT,
         ENABLED,
+        NRI_UNIT,
         SOCKET_UNIT,
         SOCKET_ENABLED,
         "/usr/share/gpuplex",
