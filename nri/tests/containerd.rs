@@ -2,8 +2,9 @@
 //! enabled in the test's config; `make test-hosts` runs it on Debian 13's containerd 1.7, and
 //! on a machine with an older one it says `SKIPPED`). Every pod runs under runc's own shim
 //! (`io.containerd.runc.v2`, the default handler); the plugin `gpuplex-nri` gives the
-//! containers that ask their vGPU, the test plays the kubelet over the CRI, and the DRA driver
-//! prepares a claim whose CDI device containerd applies itself.
+//! containers that ask their vGPU, the test plays the kubelet over the CRI, the DRA driver
+//! prepares a claim whose CDI device containerd applies itself, and the device plugin answers
+//! `Allocate` as the kubelet asks it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,11 +13,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpuplex_dra::claim::ClaimRef;
+use gpuplex_dra::device_plugin::{DevicePlugin, PluginConfig};
 use gpuplex_dra::driver::{Claims, Driver, DriverConfig};
+use gpuplex_dra::proto::deviceplugin as dp;
+use gpuplex_dra::proto::deviceplugin::device_plugin_server::DevicePlugin as _;
 use gpuplex_integration::containerd::*;
+use gpuplex_integration::cri::k8s_cri::v1 as cri_api;
 use gpuplex_integration::cri::k8s_cri::v1::CdiDevice;
 use gpuplex_integration::cri::*;
 use gpuplex_integration::*;
+use gpuplex_wire::config::{DeviceDelivery, NodeConfig};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{json, Value};
 
@@ -449,4 +455,103 @@ fn the_plugin_comes_back_when_containerd_restarts_and_refusals_reach_the_kubelet
     drop(refused);
     pod.remove().unwrap();
     assert!(wait_until(Duration::from_secs(10), || w.service.held() == (0, 0)));
+}
+
+/// The kubelet's `Allocate` for one container's units, as the device plugin answers it.
+fn allocate(
+    tokio: &tokio::runtime::Runtime,
+    plugin: &DevicePlugin,
+    ids: Vec<String>,
+) -> dp::ContainerAllocateResponse {
+    let request = dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+    };
+    tokio
+        .block_on(plugin.allocate(tonic::Request::new(request)))
+        .map(|a| a.into_inner().container_responses.remove(0))
+        .expect("Allocate")
+}
+
+#[test]
+fn a_device_plugin_allocations_container_is_attached_by_the_plugin_with_its_pods_weight() {
+    let test =
+        "a_device_plugin_allocations_container_is_attached_by_the_plugin_with_its_pods_weight";
+    if !can_run_containerd(test) || !containerd_has_nri(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let w = World::start(dir.path(), 154);
+    let config = NodeConfig::load(&w.service.config, true).unwrap();
+    let plugin = DevicePlugin::new(PluginConfig {
+        node: "testnode".into(),
+        socket: w.service.socket.clone(),
+        unit: config.kubernetes.gpu_memory_unit,
+        delivery: DeviceDelivery::Kubelet,
+        policy: config.scheduler.policy,
+        cdi_dir: dir.path().join("cdi"),
+        hook: bin("gpuplex-hook"),
+        control_nodes: Vec::new(),
+        poll: Duration::from_secs(1),
+    });
+    plugin.refresh().expect("the node's GPUs");
+    let answer = allocate(&w.tokio, &plugin, vec!["gpu-0-0".into(), "gpu-0-1".into()]);
+
+    // The container's config as the kubelet makes it from the answer (kuberuntime's
+    // generateContainerConfig: envs, mounts, devices, annotations), in a pod asking weight 3.
+    let cri = Cri::connect(&w.containerd.socket);
+    let mut pod = cri
+        .run_pod_sandbox(
+            &host_network_pod("served", "ml", &[("gpuplex.io/weight", "3")]),
+            "",
+        )
+        .unwrap();
+    let mut config =
+        host_network_container("app", BUSYBOX_IMAGE, &["sh", "-c", IDLE_THEN_BUSY], &[]);
+    config
+        .envs
+        .extend(answer.envs.iter().map(|(key, value)| cri_api::KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+        }));
+    config
+        .mounts
+        .extend(answer.mounts.iter().map(|m| cri_api::Mount {
+            container_path: m.container_path.clone(),
+            host_path: m.host_path.clone(),
+            readonly: m.read_only,
+            ..Default::default()
+        }));
+    config
+        .devices
+        .extend(answer.devices.iter().map(|d| cri_api::Device {
+            container_path: d.container_path.clone(),
+            host_path: d.host_path.clone(),
+            permissions: d.permissions.clone(),
+        }));
+    config.annotations.extend(answer.annotations.clone());
+    let id = pod
+        .create_container(&config)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n--- plugin:\n{}", w.plugin.log()));
+    cri.start_container(&id).unwrap();
+    let attached = wait_until(Duration::from_secs(10), || w.listed(&id).is_some());
+    assert!(
+        attached,
+        "not attached: {}\n--- plugin:\n{}",
+        w.service.status(),
+        w.plugin.log()
+    );
+    let entry = w.listed(&id).unwrap();
+    assert_eq!(entry["weight"], 3, "{entry}");
+    assert_eq!(entry["namespace"], "ml", "{entry}");
+    assert_eq!(entry["memory"], json!([2u64 << 30]), "{entry}");
+    assert_eq!(w.service.status()["reservations"], json!([]));
+    let seen = cri
+        .exec_sync(&id, &["sh", "-c", SHOW], Duration::from_secs(30))
+        .unwrap();
+    let printed = String::from_utf8_lossy(&seen.stdout);
+    assert!(printed.contains("CUDA=GPU-fake-0"), "{printed}");
+    pod.remove().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || w
+        .listed(&id)
+        .is_none()));
 }
