@@ -24,6 +24,10 @@
 //!
 //! The plugin keeps no state a restart would lose: what it reserved is in the containers'
 //! specs (`gpuplex.io/vgpu-handle`), which the runtime hands it with every event.
+//!
+//! A pod run by gpuplex's own shim (its runtime handler is the shim's, `gpuplex` unless the
+//! operator named it otherwise) is the shim's: the plugin leaves its containers alone, so that a
+//! node may offer both ways in.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -82,9 +86,14 @@ enum Duty {
     },
 }
 
+/// The runtime handler of gpuplex's shim, as `config/kubernetes/runtimeclass.yaml` names it.
+pub const SHIM_HANDLER: &str = "gpuplex";
+
 /// gpuplex's NRI plugin over the node service `node`.
 pub struct Plugin<N> {
     node: N,
+    /// The runtime handler whose pods gpuplex's shim serves.
+    shim_handler: String,
     /// The handles of the vGPUs reserved in this process's life, by container: what the
     /// container's spec also carries, kept in case a runtime hands back an older spec.
     reserved: HashMap<String, Handle>,
@@ -95,8 +104,20 @@ impl<N: Node> Plugin<N> {
     pub fn new(node: N) -> Plugin<N> {
         Plugin {
             node,
+            shim_handler: SHIM_HANDLER.to_owned(),
             reserved: HashMap::new(),
         }
+    }
+
+    /// The same, leaving the pods of runtime handler `handler` to gpuplex's shim.
+    pub fn with_shim_handler(mut self, handler: &str) -> Plugin<N> {
+        self.shim_handler = handler.to_owned();
+        self
+    }
+
+    /// Whether `pod` runs under gpuplex's shim, which gives its containers their vGPUs itself.
+    fn shims(&self, pod: &PodSandbox) -> bool {
+        pod.runtime_handler == self.shim_handler
     }
 
     /// The node it asks.
@@ -110,6 +131,9 @@ impl<N: Node> Plugin<N> {
         pod: &PodSandbox,
         container: &Container,
     ) -> Result<CreateContainerResponse, String> {
+        if self.shims(pod) {
+            return Ok(CreateContainerResponse::default());
+        }
         let spec = spec_of(pod, container);
         let origin = classify(&spec).map_err(|e| e.to_string())?;
         if !matches!(origin, VgpuOrigin::Annotations(_)) {
@@ -225,6 +249,9 @@ impl<N: Node> Plugin<N> {
 
     /// What the plugin has to do for `container` once it has a pid.
     fn duty(&self, pod: &PodSandbox, container: &Container) -> Duty {
+        if self.shims(pod) {
+            return Duty::Nothing;
+        }
         if let Some(handle) = self.reserved.get(&container.id) {
             return Duty::Reserved(*handle);
         }

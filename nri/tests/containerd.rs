@@ -555,3 +555,57 @@ fn a_device_plugin_allocations_container_is_attached_by_the_plugin_with_its_pods
         .listed(&id)
         .is_none()));
 }
+
+#[test]
+fn a_pod_of_gpuplexs_own_shim_is_the_shims_with_the_plugin_beside_it() {
+    let test = "a_pod_of_gpuplexs_own_shim_is_the_shims_with_the_plugin_beside_it";
+    if !can_run_containerd(test) || !containerd_has_nri(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let w = World::start(dir.path(), 156);
+    let cri = Cri::connect(&w.containerd.socket);
+    // Both ways in on one node: a pod of RuntimeClass gpuplex (the shim), and one of runc's.
+    let asks = [("gpuplex.io/gpu-memory", "2Gi")];
+    let mut shims = cri
+        .run_pod_sandbox(&host_network_pod("shims", "ml", &asks), "gpuplex")
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", w.containerd.log_tail()));
+    let config = host_network_container("app", BUSYBOX_IMAGE, &["sh", "-c", IDLE_THEN_BUSY], &[]);
+    let by_shim = shims.create_container(&config).unwrap_or_else(|e| {
+        panic!(
+            "CreateContainer under the shim: {e}\n--- plugin:\n{}",
+            w.plugin.log()
+        )
+    });
+    cri.start_container(&by_shim).unwrap();
+    let (mut runcs, by_plugin) = busy_pod(&w, &cri, "runcs", &asks, None);
+    for id in [&by_shim, &by_plugin] {
+        assert!(
+            wait_until(Duration::from_secs(10), || w.listed(id).is_some()),
+            "{id} not attached: {}\n--- plugin:\n{}",
+            w.service.status(),
+            w.plugin.log()
+        );
+    }
+    // One vGPU each, none left reserved: the plugin left the shim's pod to the shim.
+    let status = w.service.status();
+    assert_eq!(
+        status["containers"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    assert_eq!(status["reservations"], json!([]), "{status}");
+    let spec = cri.container_info(&by_shim).unwrap()["runtimeSpec"].clone();
+    assert!(
+        spec["annotations"]["gpuplex.io/vgpu-handle"].is_null(),
+        "{spec}"
+    );
+    assert!(
+        !w.plugin.log().contains(&by_shim[..12]),
+        "{}",
+        w.plugin.log()
+    );
+    shims.remove().unwrap();
+    runcs.remove().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || w.service.held() == (0, 0)));
+}

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use gpuplex_hook::stages::HookContext;
 use gpuplex_nri::node::NodeSocket;
-use gpuplex_nri::plugin::Plugin;
+use gpuplex_nri::plugin::{Plugin, SHIM_HANDLER};
 use gpuplex_nri::session::{self, Registration, SessionEnd};
 use gpuplex_wire::config::{config_path, CONFIG_ENV};
 use gpuplex_wire::stage::Stage;
 
 const USAGE: &str = "\
-usage: gpuplex-nri [--config PATH] [--nri-socket PATH] [--name NAME] [--index NN]
+usage: gpuplex-nri [--config PATH] [--nri-socket PATH] [--name NAME] [--index NN] [--shim-handler NAME]
 
 Runs gpuplex's NRI plugin: containers of containerd (1.7 with NRI enabled, 2.x) or CRI-O that
 ask for a vGPU (gpuplex.io/ pod annotations, or the device plugin's gpuplex.io/gpu-memory)
@@ -32,6 +32,8 @@ The node service must run on this node.
   --nri-socket PATH  the runtime's NRI socket (default: /var/run/nri/nri.sock)
   --name NAME        the plugin's name (default: gpuplex)
   --index NN         its place among the runtime's plugins, two digits (default: 10)
+  --shim-handler NAME  the runtime handler of gpuplex's own shim, whose pods the shim serves
+                     and the plugin leaves alone (default: gpuplex)
   GPUPLEX_LOG        log filter (default: info)
 
 Exit codes: 0 the runtime ended the connection it passed (NRI_PLUGIN_SOCKET), 1 could not
@@ -46,6 +48,7 @@ struct Args {
     config: Option<PathBuf>,
     socket: PathBuf,
     registration: Registration,
+    shim_handler: String,
 }
 
 fn parse() -> Result<Option<Args>, String> {
@@ -57,6 +60,7 @@ fn parse() -> Result<Option<Args>, String> {
             name: std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| "gpuplex".into()),
             index: std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| "10".into()),
         },
+        shim_handler: SHIM_HANDLER.to_owned(),
     };
     let mut parser = lexopt::Parser::from_env();
     fn value(parser: &mut lexopt::Parser, flag: &str, what: &str) -> Result<String, String> {
@@ -76,6 +80,9 @@ fn parse() -> Result<Option<Args>, String> {
             }
             Long("name") => args.registration.name = value(&mut parser, "--name", "a name")?,
             Long("index") => args.registration.index = value(&mut parser, "--index", "two digits")?,
+            Long("shim-handler") => {
+                args.shim_handler = value(&mut parser, "--shim-handler", "a handler's name")?
+            }
             other => return Err(other.unexpected().to_string()),
         }
     }
@@ -122,7 +129,7 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!("node service at {}", ctx.socket.display());
-    let mut plugin = Plugin::new(NodeSocket::new(ctx));
+    let mut plugin = Plugin::new(NodeSocket::new(ctx)).with_shim_handler(&args.shim_handler);
     match passed_socket() {
         Ok(Some(trunk)) => {
             serve(trunk, &args.registration, &mut plugin);

@@ -194,6 +194,27 @@ fn annotations_reserve_at_create_attach_at_start_and_release_when_gone() {
 }
 
 #[test]
+fn a_pod_of_gpuplexs_shim_is_left_to_the_shim() {
+    let mut p = plugin(StubNode {
+        edit: Some(an_edit()),
+        ..Default::default()
+    });
+    let mut shims = pod(&[("gpuplex.io/gpu-memory", "4Gi")]);
+    shims.runtime_handler = SHIM_HANDLER.into();
+    let answer = p.create(&shims, &container("c", 0)).unwrap();
+    assert_eq!(answer, CreateContainerResponse::default());
+    let mut c = container("c", 5);
+    c.annotations
+        .insert(ALLOCATION.into(), Handle::from_bytes([3; 16]).to_string());
+    p.start(&shims, &c, true).unwrap();
+    assert_eq!(asked(&p), []);
+    // Another handler's pod (runc's, named "runc" or the default "") is the plugin's.
+    let mut p = p.with_shim_handler("gpuplex-b");
+    p.create(&shims, &container("d", 0)).unwrap();
+    assert_eq!(asked(&p), [Asked::Prepare]);
+}
+
+#[test]
 fn a_refusal_is_one_line_and_an_edit_that_cannot_be_adjusted_is_undone() {
     let mut p = plugin(StubNode {
         refuse: Some("gpuplex.io/gpu-memory \"lots\": not a quantity".into()),
