@@ -19,6 +19,10 @@ use gpuplex_nri::session::{PLUGIN, RUNTIME};
 use gpuplex_nri::ttrpc::{self, Assembler, REQUEST, RESPONSE};
 use prost::Message;
 
+/// The request timeout the stub runtime tells the plugin (containerd's default is 2 s; more
+/// here, so that a test of answering within it has a second of slack on a loaded machine).
+pub const REQUEST_TIMEOUT_MS: i64 = 4000;
+
 /// A runtime's NRI socket, listening.
 pub struct StubRuntime {
     pub path: PathBuf,
@@ -159,7 +163,7 @@ impl Connection {
             runtime_name: "stub-runtime".into(),
             runtime_version: "1.7".into(),
             registration_timeout: 5000,
-            request_timeout: 2000,
+            request_timeout: REQUEST_TIMEOUT_MS,
             ..Default::default()
         };
         let answer = self.call("Configure", &request).unwrap();
